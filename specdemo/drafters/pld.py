@@ -37,3 +37,11 @@ def lookup(tokens: list[int], num_tokens: int, max_ngram: int = 3, min_ngram: in
             if len(cont):
                 return cont.tolist()
     return []
+
+
+def make(target, **options) -> PromptLookupDrafter:
+    return PromptLookupDrafter(**options)
+
+
+def unavailable_reason(target) -> str | None:
+    return None  # needs nothing but the request itself
