@@ -1,0 +1,201 @@
+"""The benchmark: every method on the same prompts, back to back, in one process, after a warm-up.
+
+Speed is only ever reported as measured here, side by side: speedup = method tokens/s ÷ `ar` tokens/s of the same
+run.  tau = new tokens ÷ target forwards (AR = 1.00, the bonus token counted, as Spec-Bench does).  identical = share
+of prompts whose tokens equal AR's.  `hf` / `hf-pld` are transformers' own `generate` (greedy or sampling, and
+`prompt_lookup_num_tokens=10`) on the same inputs, as outside reference points.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from typing import Callable
+
+import torch
+
+from .drafters import make_drafter
+from .engine import GenerationConfig, generate
+from .models import Target
+from .sampling import SamplingConfig
+
+HF_METHODS = ("hf", "hf-pld")
+
+
+def run_one(target: Target, method: str, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig,
+            options: dict | None = None) -> dict:
+    """One method on one prompt: tokens, wall time, accepted lengths, per-step draft/verify times."""
+    if method in HF_METHODS:
+        return _run_hf(target, method, prompt_ids, max_new_tokens, sampling)
+    drafter = make_drafter(method, target, **(options or {}))
+    cfg = GenerationConfig(max_new_tokens=max_new_tokens, sampling=sampling)
+    tokens, accept, draft, verify = [], [], [], []
+    target.sync()
+    t0 = time.perf_counter()
+    for ev in generate(target, prompt_ids, drafter, cfg):
+        tokens += ev.tokens
+        accept.append(len(ev.tokens))
+        draft.append(ev.draft_s)
+        verify.append(ev.verify_s)
+    target.sync()
+    return {"tokens": tokens, "wall_time": time.perf_counter() - t0, "accept_lengths": accept,
+            "draft_s": draft, "verify_s": verify}
+
+
+@torch.no_grad()
+def _run_hf(target: Target, method: str, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig) -> dict:
+    ids = torch.tensor([prompt_ids], device=target.device)
+    kw: dict = dict(max_new_tokens=max_new_tokens, eos_token_id=sorted(target.eos_ids),
+                    pad_token_id=target.tokenizer.pad_token_id or sorted(target.eos_ids)[0],
+                    attention_mask=torch.ones_like(ids))
+    if sampling.greedy:
+        kw.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+    else:
+        torch.manual_seed(sampling.seed)
+        kw.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or None)
+    if method == "hf-pld":
+        kw["prompt_lookup_num_tokens"] = 10
+    target.sync()
+    t0 = time.perf_counter()
+    with target.lock:
+        out = target.model.generate(ids, **kw)
+    target.sync()
+    return {"tokens": out[0, len(prompt_ids):].tolist(), "wall_time": time.perf_counter() - t0,
+            "accept_lengths": [], "draft_s": [], "verify_s": []}
+
+
+def run_bench(target: Target, methods: list[str], prompts: list[dict], max_new_tokens: int,
+              sampling: SamplingConfig | None = None, options: dict[str, dict] | None = None,
+              progress: Callable[[int, int, str, str], None] | None = None, warmup: bool = True) -> dict:
+    """Run `methods` (AR is added first if missing) over `prompts`; returns the bench JSON (see module doc)."""
+    sampling = sampling or SamplingConfig()
+    methods = ["ar"] + [m for m in methods if m != "ar"]
+    options = options or {}
+    encoded = [(p["id"], target.encode_prompt(p["prompt"])) for p in prompts]
+    if warmup and encoded:
+        for m in methods:  # one short run per method: allocator, kernels, datastore pages, cost curves
+            run_one(target, m, encoded[0][1], min(16, max_new_tokens), sampling, options.get(m))
+    runs: dict[str, list[dict]] = {m: [] for m in methods}
+    total = len(encoded) * len(methods)
+    for i, (pid, ids) in enumerate(encoded):
+        for j, m in enumerate(methods):
+            if progress:
+                progress(i * len(methods) + j, total, str(pid), m)
+            r = run_one(target, m, ids, max_new_tokens, sampling, options.get(m))
+            r["id"] = pid
+            runs[m].append(r)
+    return summarise(target, methods, runs, max_new_tokens, sampling)
+
+
+def summarise(target: Target, methods: list[str], runs: dict[str, list[dict]], max_new_tokens: int,
+              sampling: SamplingConfig) -> dict:
+    ar = {r["id"]: r["tokens"] for r in runs["ar"]}
+    ar_tps = _tps(runs["ar"])
+    out = {"device": _device_name(target), "model": target.name, "dtype": str(target.dtype).replace("torch.", ""),
+           "max_new_tokens": max_new_tokens, "sampling": vars(sampling), "prompts": len(runs["ar"]), "methods": {}}
+    for m in methods:
+        rs = runs[m]
+        steps = sum(len(r["accept_lengths"]) for r in rs)
+        new = sum(len(r["tokens"]) for r in rs)
+        draft = [s for r in rs for s in r["draft_s"]]
+        verify = [s for r in rs for s in r["verify_s"]]
+        same = [r["tokens"] == ar[r["id"]] for r in rs]
+        out["methods"][m] = {
+            "tokens_per_s": _tps(rs),
+            "speedup": _tps(rs) / ar_tps if ar_tps else None,
+            "tau": new / steps if steps else None,
+            "identical": sum(same) / len(same) if same else None,
+            "draft_ms": 1e3 * statistics.median(draft) if draft else None,
+            "verify_ms": 1e3 * statistics.median(verify) if verify else None,
+            "per_prompt": [{"id": r["id"], "new_tokens": len(r["tokens"]), "wall_time": r["wall_time"],
+                            "accept_lengths": r["accept_lengths"], "identical": s} for r, s in zip(rs, same)],
+        }
+    return out
+
+
+def _tps(rs: list[dict]) -> float:
+    wall = sum(r["wall_time"] for r in rs)
+    return sum(len(r["tokens"]) for r in rs) / wall if wall else 0.0
+
+
+def _device_name(target: Target) -> str:
+    if target.device.type == "cuda":
+        return torch.cuda.get_device_name(target.device)
+    return f"cpu ({torch.get_num_threads()} threads)"
+
+
+def format_table(result: dict) -> str:
+    fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
+    lines = [f"model {result['model']} ({result['dtype']}) on {result['device']}, {result['prompts']} prompts, "
+             f"max_new_tokens {result['max_new_tokens']}, "
+             + ("greedy" if result["sampling"]["temperature"] <= 0 else f"sampling {result['sampling']}"),
+             f"{'method':<8} {'tok/s':>8} {'speedup':>8} {'tau':>6} {'identical':>9} {'draft ms':>9} {'verify ms':>9}"]
+    for m, r in result["methods"].items():
+        lines.append(f"{m:<8} {fmt(r['tokens_per_s'], '8.2f')} {fmt(r['speedup'], '8.2f')} {fmt(r['tau'], '6.2f')} "
+                     f"{fmt(r['identical'], '9.2f')} {fmt(r['draft_ms'], '9.2f')} {fmt(r['verify_ms'], '9.2f')}")
+    return "\n".join(lines)
+
+
+def _parse_options(items: list[str]) -> dict[str, dict]:
+    """`--option rest.budget=16` -> {"rest": {"budget": 16}} (ints/floats parsed)."""
+    out: dict[str, dict] = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        method, _, name = key.partition(".")
+        if not name or not value:
+            raise ValueError(f"--option expects METHOD.NAME=VALUE, got '{item}'")
+        for cast in (int, float):
+            try:
+                value = cast(value)
+                break
+            except ValueError:
+                pass
+        out.setdefault(method, {})[name] = value
+    return out
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bench", help="benchmark methods side by side on a prompt set")
+    p.add_argument("--model", default="embedded", help="'embedded', a hub id or a local path")
+    p.add_argument("--methods", default="ar,pld", help="comma list of ar,pld,rest,s4c,sdsat,hf,hf-pld")
+    p.add_argument("--prompts", default="humaneval", help="humaneval | chat | PATH.jsonl")
+    p.add_argument("--limit", type=int, default=10)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default=None, help="auto (default) | float32 | bfloat16 | float16")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--option", action="append", default=[], help="METHOD.NAME=VALUE drafter option, repeatable")
+    p.add_argument("--json", default=None, help="write the result JSON here")
+    p.set_defaults(func=_cli)
+
+
+def _cli(args) -> int:
+    from .models import load_target
+    from .prompts import load_prompts
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if args.limit <= 0 or args.max_new_tokens <= 0:
+        raise ValueError("--limit and --max-new-tokens must be positive")
+    prompts = load_prompts(args.prompts)[: args.limit]
+    target = load_target(args.model, args.device, args.dtype)
+    sampling = SamplingConfig(args.temperature, args.top_p, args.top_k, args.seed)
+    sampling.validate()
+
+    def progress(i: int, n: int, pid: str, m: str) -> None:
+        print(f"\r[{i + 1}/{n}] {pid} {m:<8}", end="", file=sys.stderr, flush=True)
+
+    result = run_bench(target, methods, prompts, args.max_new_tokens, sampling, _parse_options(args.option), progress)
+    print("", file=sys.stderr)
+    result["command"] = "python -m specdemo bench " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else [])
+    print(format_table(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0

@@ -1,0 +1,268 @@
+"""Engine correctness: tree buffers, KV compaction, greedy and sampling losslessness, stop conditions, bad input."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from conftest import OracleDrafter
+from specdemo.drafters import make_drafter
+from specdemo.engine import Drafter, GenerationConfig, KVCache, run_to_end, tree_forward
+from specdemo.models import ModelLoadError, UnsupportedForTree, check_tree_support, load_target
+from specdemo.sampling import SamplingConfig, choose_tokens, filter_logits
+from specdemo.tree import DraftTree, TreeBuffers
+
+PROMPTS = [
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Explain in two sentences why the sky is blue.",
+    "List three uses of a hash map, then give a short example in Python using a dict.",
+]
+
+
+# ---------------------------------------------------------------- tree buffers on hand-built trees
+def test_tree_buffers_hand_built():
+    #        root
+    #       /    \
+    #     a(0)   c(2)
+    #     |        \
+    #     b(1)     d(3)
+    #               |
+    #             e(4)
+    tree = DraftTree(tokens=[10, 11, 12, 13, 14], parents=[-1, 0, -1, 2, 3])
+    buf = TreeBuffers.build(tree, root_pos=7)
+    assert buf.n == 6
+    assert buf.depth.tolist() == [0, 1, 2, 1, 2, 3]
+    assert buf.positions.tolist() == [7, 8, 9, 8, 9, 10]
+    expect = torch.tensor([
+        [1, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0],
+        [1, 0, 0, 1, 0, 0],
+        [1, 0, 0, 1, 1, 0],
+        [1, 0, 0, 1, 1, 1],
+    ], dtype=torch.bool)
+    assert torch.equal(buf.mask, expect)
+    assert buf.paths.tolist() == [[0, 1, 2, -1], [0, 3, 4, 5]]
+    assert buf.children[0] == {10: 1, 12: 3} and buf.children[3] == {13: 4} and buf.children[5] == {}
+    mask4d = buf.attention_mask(past=4, dtype=torch.float32)
+    assert mask4d.shape == (1, 1, 6, 10)
+    assert (mask4d[0, 0, :, :4] == 0).all()  # everyone sees the committed context
+    assert ((mask4d[0, 0, :, 4:] == 0) == expect).all()
+
+
+def test_tree_probe_nodes_are_not_walkable_and_validation():
+    tree = DraftTree(tokens=[5, 6, 7], parents=[-1, 0, 0], probe=[False, True, False])
+    buf = TreeBuffers.build(tree, root_pos=0)
+    assert buf.children[1] == {7: 3}  # the probe (token 6) is fed but never a candidate
+    with pytest.raises(ValueError):
+        DraftTree(tokens=[1, 2], parents=[-1, 1])  # parent after child
+    with pytest.raises(ValueError):
+        DraftTree(tokens=[1, 2], parents=[-1, 0], probe=[True, False])  # draft under a probe
+    with pytest.raises(ValueError):
+        DraftTree(tokens=[1], parents=[-1, 0])
+
+
+def test_tree_prune_keeps_topology():
+    tree = DraftTree(tokens=[1, 2, 3, 4, 5], parents=[-1, 0, 1, -1, 3], sources=list("abcde"))
+    pruned = tree.prune(max_depth=1)
+    assert pruned.tokens == [1, 4] and pruned.parents == [-1, -1] and pruned.sources == ["a", "d"]
+    assert tree.prune(max_depth=9, max_nodes=3).tokens == [1, 2, 3]
+    assert tree.prune(max_depth=0).tokens == []
+
+
+# ---------------------------------------------------------------- KV compaction
+def test_kv_compaction_matches_fresh_forward(tiny):
+    """Accept a path through a branching tree, then the cached next-step logits equal a fresh forward."""
+    torch.manual_seed(1)
+    ctx = torch.randint(100, 5000, (9,)).tolist()
+    tree = DraftTree(tokens=[11, 22, 33, 44, 55], parents=[-1, -1, 1, 2, 1])  # accept 22 -> 33 -> 44 (not first)
+    cache = KVCache(capacity=8)  # forces a capacity grow too
+    with torch.no_grad():
+        tiny.decoder(input_ids=torch.tensor([ctx[:-1]]), past_key_values=cache, use_cache=True)
+        past = cache.get_seq_length()
+        buf = TreeBuffers.build(tree, len(ctx) - 1)
+        tree_forward(tiny, cache, ctx[-1:] + tree.tokens, buf)
+        path = [2, 3, 4]  # tree positions of 22, 33, 44
+        cache.keep(past + 1, [past + i for i in path])
+        committed = ctx + [22, 33, 44]
+        assert cache.get_seq_length() == len(committed)  # the bonus token (next root) is not cached yet
+        nxt = 777
+        h = tiny.decoder(input_ids=torch.tensor([[nxt]]), position_ids=torch.tensor([[len(committed)]]),
+                         past_key_values=cache, use_cache=True).last_hidden_state
+        got = tiny.lm_head(h)[0, -1]
+        want = tiny.model(input_ids=torch.tensor([committed + [nxt]])).logits[0, -1]
+    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_check_tree_support_passes_and_catches_a_model_that_ignores_the_mask(tiny_llama):
+    check_tree_support(tiny_llama)
+    assert tiny_llama.tree_ok
+    real = tiny_llama.model.get_decoder()
+
+    class IgnoresMask(torch.nn.Module):
+        def forward(self, attention_mask=None, **kw):
+            return real(**kw)
+
+    tiny_llama.tree_ok = None
+    original = tiny_llama.model.get_decoder
+    tiny_llama.model.get_decoder = lambda: IgnoresMask()
+    try:
+        with pytest.raises(UnsupportedForTree, match="unsupported for tree verification"):
+            check_tree_support(tiny_llama)
+    finally:
+        tiny_llama.model.get_decoder = original
+        tiny_llama.tree_ok = None
+
+
+# ---------------------------------------------------------------- greedy losslessness
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_greedy_lossless_tiny_models_oracle_trees(tiny, seed):
+    torch.manual_seed(seed)
+    prompt = torch.randint(100, 5000, (12,)).tolist()
+    cfg = GenerationConfig(max_new_tokens=40)
+    ref, ar_events = run_to_end(tiny, prompt, None, cfg)
+    assert len(ar_events) == len(ref)  # AR: one token per forward
+    out, events = run_to_end(tiny, prompt, OracleDrafter(ref, tiny.vocab_size, seed, probes=True), cfg)
+    assert out == ref
+    assert len(events) < len(ref)  # the oracle's drafts really were accepted
+    for ev in events:
+        assert not any(ev.tree.is_probe(i) for i in ev.accepted_nodes)
+        assert ev.from_draft.count(True) == ev.accepted
+        assert ev.tokens[: ev.accepted] == [ev.tree.tokens[i] for i in ev.accepted_nodes]
+
+
+def test_greedy_lossless_tiny_models_pld(tiny):
+    prompt = ([321, 654, 987, 111] * 5) + [321, 654]
+    cfg = GenerationConfig(max_new_tokens=32)
+    ref, _ = run_to_end(tiny, prompt, None, cfg)
+    out, _ = run_to_end(tiny, prompt, make_drafter("pld", tiny), cfg)
+    assert out == ref
+
+
+@pytest.mark.slow
+def test_greedy_lossless_embedded_all_drafters(embedded):
+    cfg = GenerationConfig(max_new_tokens=48)
+    for text in PROMPTS:
+        ids = embedded.encode_prompt(text)
+        ref, _ = run_to_end(embedded, ids, None, cfg)
+        assert embedded.decode(ref).strip()
+        out, events = run_to_end(embedded, ids, make_drafter("pld", embedded), cfg)
+        assert out == ref
+        out, _ = run_to_end(embedded, ids, OracleDrafter(ref, embedded.vocab_size), cfg)
+        assert out == ref
+    # and the AR baseline equals transformers' own greedy generate
+    hf = embedded.model.generate(torch.tensor([ids]), max_new_tokens=48, do_sample=False,
+                                 eos_token_id=sorted(embedded.eos_ids), pad_token_id=sorted(embedded.eos_ids)[0])
+    assert hf[0, len(ids):].tolist() == ref
+
+
+# ---------------------------------------------------------------- sampling
+def test_sampling_same_seed_same_text_tiny(tiny):
+    torch.manual_seed(3)
+    prompt = torch.randint(100, 5000, (10,)).tolist()
+    for sc in (SamplingConfig(0.8, 0.9, 0, seed=7), SamplingConfig(1.0, 1.0, 20, seed=8)):
+        cfg = GenerationConfig(max_new_tokens=32, sampling=sc)
+        ref, _ = run_to_end(tiny, prompt, None, cfg)
+        out, events = run_to_end(tiny, prompt, OracleDrafter(ref, tiny.vocab_size, 5), cfg)
+        assert out == ref and len(events) < len(ref)
+        other, _ = run_to_end(tiny, prompt, None, GenerationConfig(32, SamplingConfig(sc.temperature, sc.top_p, sc.top_k, sc.seed + 1)))
+        assert other != ref  # the seed matters
+
+
+@pytest.mark.slow
+def test_sampling_same_seed_same_text_embedded(embedded):
+    ids = embedded.encode_prompt(PROMPTS[1])
+    cfg = GenerationConfig(max_new_tokens=40, sampling=SamplingConfig(0.7, 0.95, 50, seed=123))
+    ref, _ = run_to_end(embedded, ids, None, cfg)
+    out, _ = run_to_end(embedded, ids, make_drafter("pld", embedded), cfg)
+    assert out == ref
+    out, _ = run_to_end(embedded, ids, OracleDrafter(ref, embedded.vocab_size, 1), cfg)
+    assert out == ref
+
+
+class FixedDraft(Drafter):
+    name = "fixed"
+
+    def __init__(self, tree: DraftTree):
+        self.tree = tree
+
+    def propose(self, state):
+        return self.tree
+
+
+def test_sampling_distribution_exact_after_wrong_draft(tiny_llama):
+    """Drafting the LEAST likely of the top-k tokens must not make it more likely: emitted first tokens, over many
+    seeds, follow the target's filtered distribution (chi-square), and the second token follows p(. | first)."""
+    prompt = [400, 500, 600, 700]
+    sc = SamplingConfig(temperature=1.0, top_k=6)
+    with torch.no_grad():
+        logits = tiny_llama.model(input_ids=torch.tensor([prompt])).logits[0, -1].float()
+    probs = filter_logits(logits[None], sc)[0].softmax(-1)
+    support = probs.nonzero().flatten().tolist()
+    worst = min(support, key=lambda t: probs[t])
+    tree = DraftTree(tokens=[worst, worst, support[0]], parents=[-1, 0, -1])
+    counts = {t: 0 for t in support}
+    n = 1200
+    for seed in range(n):
+        cfg = GenerationConfig(max_new_tokens=1, sampling=SamplingConfig(1.0, 1.0, 6, seed))
+        out, _ = run_to_end(tiny_llama, prompt, FixedDraft(tree), cfg)
+        counts[out[0]] += 1
+    chi2 = sum((counts[t] - n * probs[t].item()) ** 2 / (n * probs[t].item()) for t in support)
+    df = len(support) - 1
+    assert chi2 < df + 5 * math.sqrt(2 * df), (chi2, counts, probs[support])  # ~p < 1e-3 for df = 5
+    # and the drafted token is not favoured: its frequency within 4 sigma of its probability
+    p = probs[worst].item()
+    assert abs(counts[worst] - n * p) < 4 * math.sqrt(n * p * (1 - p)) + 1
+
+
+def test_choose_tokens_keyed_by_position_only():
+    logits = torch.randn(3, 50)
+    sc = SamplingConfig(1.0, seed=11)
+    a = choose_tokens(logits, [5, 6, 5], sc)
+    b = choose_tokens(logits[[2, 0]], [5, 5], sc)
+    assert a[2] == b[0] and a[0] == b[1]  # same row + same position -> same token, regardless of batch
+    assert choose_tokens(logits, [1, 2, 3], SamplingConfig()) == logits.argmax(-1).tolist()
+
+
+# ---------------------------------------------------------------- stopping: identical in every mode
+def test_eos_stop_and_length_identical_across_modes(tiny):
+    torch.manual_seed(4)
+    prompt = torch.randint(100, 5000, (8,)).tolist()
+    ref, _ = run_to_end(tiny, prompt, None, GenerationConfig(max_new_tokens=30))
+    # pretend a token from the middle of the output is EOS: every mode must stop right after it
+    eos_tok = ref[11]
+    tiny.eos_ids.add(eos_tok)
+    try:
+        cut, ev = run_to_end(tiny, prompt, None, GenerationConfig(max_new_tokens=30))
+        assert cut == ref[: ref.index(eos_tok) + 1] and ev[-1].finish_reason == "eos"
+        spec, ev = run_to_end(tiny, prompt, OracleDrafter(ref, tiny.vocab_size, 2), GenerationConfig(max_new_tokens=30))
+        assert spec == cut and ev[-1].finish_reason == "eos"
+    finally:
+        tiny.eos_ids.discard(eos_tok)
+    text = tiny.decode(ref)
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    if stop.strip():
+        a, ev_a = run_to_end(tiny, prompt, None, GenerationConfig(max_new_tokens=30, stop_strings=[stop]))
+        b, ev_b = run_to_end(tiny, prompt, OracleDrafter(ref, tiny.vocab_size, 3), GenerationConfig(30, stop_strings=[stop]))
+        assert a == b and ev_a[-1].finish_reason == ev_b[-1].finish_reason == "stop"
+        assert stop in tiny.decode(a) and stop not in tiny.decode(a[:-1])
+    for n in (1, 7):
+        a, _ = run_to_end(tiny, prompt, OracleDrafter(ref, tiny.vocab_size, 4), GenerationConfig(max_new_tokens=n))
+        assert a == ref[:n]
+
+
+# ---------------------------------------------------------------- bad input
+def test_bad_inputs_give_clear_errors(tiny_llama):
+    with pytest.raises(ValueError, match="empty"):
+        run_to_end(tiny_llama, [], None, GenerationConfig())
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        run_to_end(tiny_llama, [1, 2], None, GenerationConfig(max_new_tokens=0))
+    with pytest.raises(ValueError, match="context"):
+        run_to_end(tiny_llama, [5] * 500, None, GenerationConfig(max_new_tokens=100))
+    with pytest.raises(ValueError, match="temperature"):
+        run_to_end(tiny_llama, [1, 2], None, GenerationConfig(sampling=SamplingConfig(temperature=-1)))
+    with pytest.raises(ModelLoadError, match="no-such-org/no-such-model"):
+        load_target("no-such-org/no-such-model")
+    with pytest.raises(ValueError, match="Unknown method"):
+        make_drafter("warp", tiny_llama)
