@@ -45,7 +45,7 @@ class Target:
     max_positions: int
     identity: str  # tokenizer/model identity, used to refuse artifacts built for another model
     tree_ok: bool | None = None  # set by check_tree_support
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    lock: threading.RLock = field(default_factory=threading.RLock, repr=False)  # serialises model work
 
     @property
     def decoder(self) -> torch.nn.Module:

@@ -195,9 +195,13 @@ class TextBuilder:
         self.text = self.text[:length]
 
     def groups(self) -> list[Piece]:
+        return self.groups_of(self.pieces)
+
+    @staticmethod
+    def groups_of(pieces: list[Piece]) -> list[Piece]:
         """Adjacent pieces of the same step and kind merged (one highlighted span per step's accepted drafts)."""
         out: list[Piece] = []
-        for p in self.pieces:
+        for p in pieces:
             if out and out[-1].step == p.step and out[-1].from_draft == p.from_draft:
                 last = out[-1]
                 out[-1] = Piece(last.text + p.text, last.step, last.from_draft, last.source or p.source)
