@@ -1,0 +1,218 @@
+"""SDSAT drafter: adaptive-token probes read by the ORIGINAL model plus a probe-only adapter; lossless by construction.
+
+loop="fused" (default): every step's tree = the draft (from the previous step's probes) + a chain of k adaptive probe
+    tokens hung under the root and under each node of the draft's main (top-1) path.  The engine verifies the draft
+    with the original model's logits (the adapter touches probe rows only) and, in the same forward, the probe chain
+    under the accepted node drafts the next k tokens.  When the accepted node has no chain (a side branch), the
+    deepest accepted ancestor's chain is used, shifted.  One target forward per step.
+loop="paper": the paper's two-forward loop (§2.1.1): a probe-only step ([root, a x k]: the root's logits give the next
+    token exactly, the probes draft the k after it), then a draft-only verification step, alternating.
+
+Drafts are trees built from the probes' ranked top-k (the paper's nucleus trees, §2.1.2): `branching` gives how many
+candidates each depth keeps (e.g. "2,1,1,1"; every node at depth d gets the same top-b_d children, as in the
+reference code).  The engine's position-keyed sampling verifies any tree exactly, so greedy and sampling are both
+lossless.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+from ..engine import DecodeState, Drafter, Verified
+from ..tree import DraftTree, TreeBuffers
+from . import DrafterUnavailable
+
+
+def _train_cmd(target) -> str:
+    from ..sdsat import default_artifact_dir
+
+    return (f"python -m specdemo train sdsat --model {target.name} "
+            f"--data assets/corpus/selfdistill.jsonl.gz --out {default_artifact_dir(target)}")
+
+
+class SDSATDrafter(Drafter):
+    name = "sdsat"
+
+    def __init__(self, target, adapter, k: int = 4, loop: str = "fused", branching=None, chains: int = -1):
+        if loop not in ("fused", "paper"):
+            raise ValueError(f"loop must be 'fused' or 'paper', got {loop!r}")
+        self.target, self.adapter, self.k, self.loop = target, adapter, int(k), loop
+        if isinstance(branching, str):
+            branching = [int(x) for x in branching.replace("x", ",").split(",") if x.strip()]
+        self.branching = list(branching) if branching else [1] * self.k
+        self.branching = (self.branching + [1] * self.k)[: self.k]
+        self.chains = chains  # probe chains under at most this many main-path draft nodes (-1 = all)
+        self.reset_stats()
+        self._pending: list[list[int]] | None = None
+        self._captured = None
+
+    def reset_stats(self) -> None:
+        self.stats = {"steps": 0, "forwards_with_draft": 0, "proposed_by_depth": [0] * self.k,
+                      "accepted_by_depth": [0] * self.k, "tree_nodes": 0}
+
+    # ------------------------------------------------------------------ engine interface
+    def begin(self, state: DecodeState, prompt_hidden) -> None:
+        self._pending = None
+        self._captured = None
+
+    def propose(self, state: DecodeState) -> DraftTree:
+        ranked = self._pending or []
+        tokens, parents, sources, probe = [], [], [], []
+        main_path: list[int] = []  # node index of the top-1 path at each depth
+        frontier = [-1]
+        for d, cands in enumerate(ranked):
+            b = self.branching[d] if d < len(self.branching) else 1
+            nxt = []
+            for parent in frontier:
+                for rank, tok in enumerate(cands[:b]):
+                    tokens.append(tok)
+                    parents.append(parent)
+                    sources.append("adaptive")
+                    probe.append(False)
+                    if rank == 0 and (parent == -1 or (main_path and parent == main_path[-1])):
+                        main_path.append(len(tokens) - 1)
+                    nxt.append(len(tokens) - 1)
+            frontier = nxt
+        if self.loop == "fused" or not ranked:
+            origins = [-1] + (main_path if self.loop == "fused" else [])
+            if self.chains >= 0:
+                origins = origins[: self.chains + 1]
+            for o in origins:
+                parent = o
+                for _ in range(self.k):
+                    tokens.append(self.adapter.token_id)
+                    parents.append(parent)
+                    sources.append("probe")
+                    probe.append(True)
+                    parent = len(tokens) - 1
+        self._pending = None
+        return DraftTree(tokens, parents, sources, probe)
+
+    @contextmanager
+    def verify_context(self, tree: DraftTree, buffers: TreeBuffers):
+        rows = [i + 1 for i in range(len(tree)) if tree.is_probe(i)]
+        if not rows:
+            yield
+            return
+        with self.adapter.active(torch.tensor(rows, dtype=torch.long)):
+            yield
+        # the engine applies the LM head to all rows right after this block: keep the probe rows' logits
+        self._captured = None
+        lm_head = self.target.lm_head
+        holder = {}
+
+        def grab(mod, args, out):
+            holder["h"].remove()
+            if out.dim() == 2 and out.shape[0] == buffers.n:
+                self._captured = (id(buffers), out[rows])
+        holder["h"] = lm_head.register_forward_hook(grab)
+
+    def observe(self, state: DecodeState, verified: Verified) -> None:
+        tree = verified.tree
+        st = self.stats
+        st["steps"] += 1
+        st["tree_nodes"] += len(tree)
+        depth = tree.depths()
+        n_draft = sum(1 for i in range(len(tree)) if not tree.is_probe(i))
+        acc = verified.accepted_nodes
+        if n_draft:
+            st["forwards_with_draft"] += 1
+            max_d = max(depth[i] for i in range(len(tree)) if not tree.is_probe(i))
+            for d in range(1, min(max_d, self.k) + 1):
+                st["proposed_by_depth"][d - 1] += 1
+                if len(acc) >= d:
+                    st["accepted_by_depth"][d - 1] += 1
+        chains = _chains(tree)  # from the (possibly pruned) tree the engine verified
+        if not chains:
+            self._pending = None
+            return
+        # the deepest accepted node (or the root) that carries a chain
+        origin = -1
+        for node in acc:
+            if node in chains:
+                origin = node
+        if origin not in chains:
+            self._pending = None
+            return
+        a = len(acc)  # accepted drafts; the new root sits at depth a + 1
+        o_depth = 0 if origin == -1 else depth[origin]
+        idx = chains[origin]
+        # probe j (1-based) of a chain at depth o_depth drafts depth o_depth + j + 1; keep those after the new root
+        skip = a - o_depth
+        use = idx[skip:]
+        if not use:
+            self._pending = None
+            return
+        logits = self._probe_logits(verified, use)
+        width = max(self.branching)
+        self._pending = logits.topk(width, dim=-1).indices.tolist()
+
+    def _probe_logits(self, verified: Verified, nodes: list[int]) -> torch.Tensor:
+        tree = verified.tree
+        probe_nodes = [i for i in range(len(tree)) if tree.is_probe(i)]
+        cap, self._captured = self._captured, None
+        if cap is not None and cap[0] == id(verified.buffers):
+            pos = {n: r for r, n in enumerate(probe_nodes)}
+            return cap[1][[pos[n] for n in nodes]]
+        h = torch.stack([verified.probe_hidden[n] for n in nodes])
+        return self.target.lm_head(h)
+
+    def acceptance(self) -> dict:
+        st = self.stats
+        rates = [a / p if p else None for a, p in zip(st["accepted_by_depth"], st["proposed_by_depth"])]
+        return {"per_depth_acceptance": rates, **st}
+
+
+def _chains(tree: DraftTree) -> dict[int, list[int]]:
+    """origin node (-1 = root) -> the probe chain hanging under it (node indices, shallow first)."""
+    out: dict[int, list[int]] = {}
+    probe_child: dict[int, int] = {}
+    for i, p in enumerate(tree.parents):
+        if tree.is_probe(i):
+            if p >= 0 and tree.is_probe(p):
+                probe_child.setdefault(p, i)
+            else:
+                out.setdefault(p, [i])
+    for o, chain in out.items():
+        while chain[-1] in probe_child:
+            chain.append(probe_child[chain[-1]])
+    return out
+
+
+def make(target, adapter=None, k: int = 4, loop: str = "fused", branching=None, chains: int = -1,
+         **options) -> SDSATDrafter:
+    from ..sdsat import AdapterError, default_artifact_dir, load_adapter
+
+    if options.get("model_verifies"):
+        raise DrafterUnavailable("model_verifies=True (published full fine-tunes such as ainergy/CodeLlama-SDSAT_L5_7B "
+                                 "verifying with themselves) is not implemented in this build.")
+    if options:
+        raise ValueError(f"unknown SDSAT options: {', '.join(options)} (known: adapter, k, loop, branching, chains)")
+    spec = adapter or default_artifact_dir(target)
+    if isinstance(spec, (str,)) or hasattr(spec, "exists"):
+        try:
+            ad, _ = load_adapter(spec, target)
+        except AdapterError as exc:
+            if adapter is None and not default_artifact_dir(target).exists():
+                raise DrafterUnavailable(f"No SDSAT adapter for {target.name}: create it with `{_train_cmd(target)}`.")\
+                    from exc
+            raise DrafterUnavailable(f"{exc} Create one with `{_train_cmd(target)}`.") from exc
+    else:
+        ad = spec  # an SDSATAdapter object (tests)
+    return SDSATDrafter(target, ad, k=k, loop=loop, branching=branching, chains=chains)
+
+
+def unavailable_reason(target) -> str | None:
+    """Cheap: reads the default artifact's config only (no weights)."""
+    import json
+
+    from ..sdsat import CONFIG_FILE, base_config_hash, default_artifact_dir
+
+    path = default_artifact_dir(target) / CONFIG_FILE
+    if not path.exists():
+        return f"No SDSAT adapter for {target.name}: create it with `{_train_cmd(target)}`."
+    cfg = json.loads(path.read_text())
+    if cfg.get("base_identity") != target.identity or cfg.get("base_config_hash") != base_config_hash(target.model):
+        return f"The SDSAT adapter in {path.parent} was trained for another model: run `{_train_cmd(target)}`."
+    return None

@@ -1,0 +1,267 @@
+"""SDSAT: probe-only adapter (masking, training loss), artifact round trip / refusal, losslessness (greedy, sampling)."""
+from __future__ import annotations
+
+import gzip
+import json
+import random
+
+import pytest
+import torch
+
+from specdemo.drafters import DrafterUnavailable, make_drafter
+from specdemo.drafters.sdsat import SDSATDrafter
+from specdemo.engine import GenerationConfig, KVCache, run_to_end, tree_forward
+from specdemo.sampling import SamplingConfig
+from specdemo.sdsat import (AdapterError, SDSATAdapter, TrainConfig, build_probes, default_artifact_dir, evaluate,
+                            load_adapter, probe_logits, read_selfdistill, train)
+from specdemo.tree import DraftTree, TreeBuffers
+
+PROMPTS = [
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Explain in two sentences why the sky is blue.",
+]
+
+
+def _noisy_adapter(target, seed: int = 0, std: float = 0.5) -> SDSATAdapter:
+    """An untrained adapter with NON-zero LoRA B and a random embedding, so any leak into standard rows would show."""
+    ad = SDSATAdapter(target.model, rank=4, alpha=8, token_id=3, init_seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for k in ad.lora_B:
+            ad.lora_B[k].copy_(torch.randn(ad.lora_B[k].shape, generator=g) * std)
+        ad.embedding.copy_(torch.randn(ad.embedding.shape, generator=g))
+    ad.requires_grad_(False)
+    return ad
+
+
+# ---------------------------------------------------------------- masking: standard rows are the original model's
+def test_standard_positions_untouched_by_adapter(tiny):
+    ad = _noisy_adapter(tiny)
+    torch.manual_seed(3)
+    ctx = torch.randint(100, 5000, (10,)).tolist()
+    # root -> a -> b, with probe chains under root and under a; and a side branch c
+    tree = DraftTree(tokens=[11, 22, 3, 3, 3, 3, 33], parents=[-1, 0, -1, 2, 0, 4, -1],
+                     probe=[False, False, True, True, True, True, False])
+    buf = TreeBuffers.build(tree, len(ctx) - 1)
+    drafter = SDSATDrafter(tiny, ad, k=2)
+    outs = {}
+    for mode in ("plain", "adapter"):
+        cache = KVCache(capacity=32)
+        with torch.no_grad():
+            tiny.decoder(input_ids=torch.tensor([ctx[:-1]]), past_key_values=cache, use_cache=True)
+            if mode == "adapter":
+                with drafter.verify_context(tree, buf):
+                    h = tree_forward(tiny, cache, ctx[-1:] + tree.tokens, buf)
+            else:
+                h = tree_forward(tiny, cache, ctx[-1:] + tree.tokens, buf)
+        outs[mode] = (h, [layer.keys.clone() for layer in cache.layers])
+    std_rows = [0] + [i + 1 for i in range(len(tree)) if not tree.is_probe(i)]
+    probe_rows = [i + 1 for i in range(len(tree)) if tree.is_probe(i)]
+    assert torch.equal(outs["plain"][0][std_rows], outs["adapter"][0][std_rows])  # bit-identical
+    assert not torch.allclose(outs["plain"][0][probe_rows], outs["adapter"][0][probe_rows])  # the adapter is live
+    past = len(ctx) - 1
+    for k_plain, k_ad in zip(outs["plain"][1], outs["adapter"][1]):
+        assert torch.equal(k_plain[:, :, : past + 1], k_ad[:, :, : past + 1])
+        assert torch.equal(k_plain[:, :, [past + r for r in std_rows]], k_ad[:, :, [past + r for r in std_rows]])
+    # hooks are gone after the block: a plain model forward equals the reference
+    x = torch.tensor([ctx])
+    with torch.no_grad():
+        a = tiny.model(input_ids=x).logits
+        with drafter.verify_context(DraftTree.empty(), TreeBuffers.build(DraftTree.empty(), 0)):
+            pass
+        b = tiny.model(input_ids=x).logits
+    assert torch.equal(a, b)
+
+
+def test_training_forward_matches_inference_probes(tiny_llama):
+    """The training path (clean KV + masked adaptive chains) gives the same probe logits as the engine's tree."""
+    ad = _noisy_adapter(tiny_llama, seed=1)
+    torch.manual_seed(4)
+    seq = torch.randint(100, 5000, (14,)).tolist()
+    p, k = 8, 3  # chain after x_0..x_8
+    batch = build_probes(seq, p + 1, k, 1.0, None, k, 3)
+    got = probe_logits(tiny_llama.model, ad, seq, batch, grad=False)[:k]
+    tree = DraftTree(tokens=[3] * k, parents=[-1, 0, 1], probe=[True] * k)
+    buf = TreeBuffers.build(tree, p)
+    cache = KVCache(capacity=32)
+    drafter = SDSATDrafter(tiny_llama, ad, k=k)
+    with torch.no_grad():
+        tiny_llama.decoder(input_ids=torch.tensor([seq[:p]]), past_key_values=cache, use_cache=True)
+        with drafter.verify_context(tree, buf):
+            h = tree_forward(tiny_llama, cache, [seq[p]] + tree.tokens, buf)
+        want = tiny_llama.lm_head(h[1:])
+    assert batch[2].tolist() == seq[p + 2 : p + 2 + k]  # labels: the original next tokens after each slot
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_training_steps_reduce_adaptive_loss(tiny_llama):
+    t = tiny_llama
+    prompt = t.encode_prompt(PROMPTS[0])
+    ref, _ = run_to_end(t, prompt, None, GenerationConfig(max_new_tokens=30))
+    seq = prompt + ref
+    ad = SDSATAdapter(t.model, rank=4, alpha=8, token_id=3)
+    rec = [{"id": "x", "prompt_ids": prompt, "answer_ids": ref}]
+    before = evaluate(t.model, ad, rec, 3)
+    opt = torch.optim.AdamW(ad.parameters(), lr=1e-2)
+    rng = random.Random(0)
+    for _ in range(12):
+        b = build_probes(seq, len(prompt), 3, 0.5, rng, 120, 3)
+        loss = torch.nn.functional.cross_entropy(probe_logits(t.model, ad, seq, b, grad=True), b[2])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    after = evaluate(t.model, ad, rec, 3)
+    assert after["loss"] < 0.7 * before["loss"]
+    # the base model itself never received a gradient and is unchanged outside the adapter's block
+    assert all(p.grad is None for p in t.model.parameters())
+    out, _ = run_to_end(t, prompt, None, GenerationConfig(max_new_tokens=30))
+    assert out == ref
+
+
+def test_train_cli_checkpoint_resume_and_artifact(tiny_llama, tmp_path):
+    t = tiny_llama
+    recs = []
+    for i, text in enumerate(PROMPTS * 3):
+        prompt = t.encode_prompt(text + " " * i)
+        ref, _ = run_to_end(t, prompt, None, GenerationConfig(max_new_tokens=20))
+        recs.append({"id": f"r{i}", "prompt_ids": prompt, "answer_ids": ref})
+    data = tmp_path / "corpus.jsonl.gz"
+    with gzip.open(data, "wt") as f:
+        f.write(json.dumps({"format": "specdemo-selfdistill"}) + "\n")
+        for r in recs:
+            f.write(json.dumps(r) + "\n")
+    assert len(read_selfdistill(data)) == len(recs)
+    model_dir = t.model.config._name_or_path
+    cfg = TrainConfig(model=model_dir, data=str(data), out=str(tmp_path / "out"), L=3, rank=2, alpha=4, steps=4,
+                      warmup=1, seqs_per_step=1, eval_every=2, ckpt_every=2, heldout_frac=0.3, heldout_max=2)
+    logs = []
+    r1 = train(cfg, log=logs.append)
+    assert r1["step"] == 4 and (tmp_path / "out" / "checkpoint.pt").exists()
+    cfg.steps = 6
+    r2 = train(cfg, resume=True, log=logs.append)
+    assert r2["step"] == 6 and any("resumed" in m for m in logs)
+    files = {p.name for p in (tmp_path / "out").iterdir()}
+    assert {"adapter_model.safetensors", "adapter_config.json", "sdsat_embedding.safetensors",
+            "sdsat_config.json"} <= files
+    ad, meta = load_adapter(tmp_path / "out", t)
+    assert meta["L"] == 3 and meta["train"]["step"] == 6
+
+
+# ---------------------------------------------------------------- artifact round trip and refusal
+def test_artifact_round_trip_and_refusal(tiny, tiny_llama, tmp_path):
+    ad = _noisy_adapter(tiny)
+    ad.save(tmp_path / "a", tiny.identity, tiny.model, dtype=torch.float32)
+    back, cfg = load_adapter(tmp_path / "a", tiny)
+    for k in ad.lora_A:
+        assert torch.equal(ad.lora_A[k], back.lora_A[k]) and torch.equal(ad.lora_B[k], back.lora_B[k])
+    assert torch.equal(ad.embedding, back.embedding) and back.token_id == ad.token_id
+    size = sum(p.stat().st_size for p in (tmp_path / "a").iterdir())
+    assert size < 20e6
+    peft_cfg = json.loads((tmp_path / "a" / "adapter_config.json").read_text())
+    assert peft_cfg["peft_type"] == "LORA" and peft_cfg["r"] == 4
+    if tiny.model.config.model_type != "llama":  # Qwen2 vs Llama: another base config -> refused, with the command that fixes it
+        with pytest.raises(AdapterError, match="another base model"):
+            load_adapter(tmp_path / "a", tiny_llama)
+        with pytest.raises(DrafterUnavailable, match="train sdsat"):
+            make_drafter("sdsat", tiny_llama, adapter=str(tmp_path / "a"))
+    with pytest.raises(AdapterError, match="not a local folder"):
+        load_adapter("nobody-xyz/no-such-sdsat-adapter", tiny)  # HF_HUB_OFFLINE=1 in conftest
+    with pytest.raises(AdapterError):
+        load_adapter(tmp_path / "missing", tiny)
+
+
+def test_peft_can_load_the_adapter(tiny_llama, tmp_path):
+    """The LoRA part is a standard peft adapter: peft applied to ALL positions equals our hook at all positions."""
+    peft = pytest.importorskip("peft")
+    ad = _noisy_adapter(tiny_llama, std=0.05)
+    ad.save(tmp_path / "a", tiny_llama.identity, tiny_llama.model, dtype=torch.float32)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        base = tiny_llama.model.get_decoder()
+        with ad.active(None):
+            ours = base(inputs_embeds=base.get_input_embeddings()(ids) * 0 + 0.1).last_hidden_state
+        from transformers import AutoModelForCausalLM
+
+        fresh = AutoModelForCausalLM.from_pretrained(tiny_llama.model.config._name_or_path)
+        pm = peft.PeftModel.from_pretrained(fresh, str(tmp_path / "a"))
+        theirs = pm.base_model.model.get_decoder()(
+            inputs_embeds=torch.full((1, 4, ad.embedding.numel()), 0.1)).last_hidden_state
+    torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------- losslessness
+@pytest.mark.parametrize("loop,branching", [("fused", None), ("fused", "2,2,1"), ("paper", None), ("paper", "3,1,1")])
+def test_greedy_lossless_tiny(tiny, loop, branching):
+    ad = _noisy_adapter(tiny)
+    cfg = GenerationConfig(max_new_tokens=40)
+    for text in PROMPTS:
+        prompt = tiny.encode_prompt(text)
+        ref, _ = run_to_end(tiny, prompt, None, cfg)
+        d = SDSATDrafter(tiny, ad, k=3, loop=loop, branching=branching)
+        out, events = run_to_end(tiny, prompt, d, cfg)
+        assert out == ref
+        assert all(not ev.tree.is_probe(i) for ev in events for i in ev.accepted_nodes)
+
+
+def test_sampling_lossless_tiny(tiny_llama):
+    ad = _noisy_adapter(tiny_llama)
+    for seed in (0, 1):
+        cfg = GenerationConfig(max_new_tokens=40, sampling=SamplingConfig(temperature=0.8, top_p=0.95, seed=seed))
+        prompt = tiny_llama.encode_prompt(PROMPTS[1])
+        ref, _ = run_to_end(tiny_llama, prompt, None, cfg)
+        for loop in ("fused", "paper"):
+            out, _ = run_to_end(tiny_llama, prompt, SDSATDrafter(tiny_llama, ad, k=3, loop=loop, branching="3,2"),
+                                cfg)
+            assert out == ref
+
+
+def test_trained_drafts_are_accepted_and_stats(tiny_llama):
+    """A drafter whose adapter learned this very continuation gets drafts accepted (tau > 1), still lossless."""
+    t = tiny_llama
+    prompt = t.encode_prompt(PROMPTS[0])
+    cfg = GenerationConfig(max_new_tokens=30)
+    ref, _ = run_to_end(t, prompt, None, cfg)
+    seq = prompt + ref
+    ad = SDSATAdapter(t.model, rank=8, alpha=16, token_id=3)
+    opt = torch.optim.AdamW(ad.parameters(), lr=2e-2)
+    rng = random.Random(0)
+    for _ in range(40):
+        b = build_probes(seq, len(prompt), 3, 0.7, rng, 200, 3)
+        loss = torch.nn.functional.cross_entropy(probe_logits(t.model, ad, seq, b, grad=True), b[2])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    ad.requires_grad_(False)
+    d = SDSATDrafter(t, ad, k=3)
+    out, events = run_to_end(t, prompt, d, cfg)
+    assert out == ref
+    assert len(out) / len(events) > 1.2
+    acc = d.acceptance()
+    assert acc["per_depth_acceptance"][0] > 0 and acc["steps"] == len(events) - 1
+
+
+def test_unavailable_without_adapter(tiny_llama):
+    from specdemo.drafters import unavailable_reason
+
+    reason = unavailable_reason("sdsat", tiny_llama)
+    assert reason and "train sdsat" in reason
+    with pytest.raises(DrafterUnavailable, match="train sdsat"):
+        make_drafter("sdsat", tiny_llama)
+    with pytest.raises(ValueError):
+        SDSATDrafter(tiny_llama, _noisy_adapter(tiny_llama), loop="bogus")
+
+
+# ---------------------------------------------------------------- the shipped adapter on the embedded model
+def test_embedded_shipped_adapter_lossless(embedded):
+    if not (default_artifact_dir(embedded) / "sdsat_config.json").exists():
+        pytest.skip("no shipped SDSAT adapter for the embedded model")
+    from specdemo.drafters import unavailable_reason
+
+    assert unavailable_reason("sdsat", embedded) is None
+    prompt = embedded.encode_prompt("Write a Python function that checks whether a string is a palindrome.")
+    for sampling in (SamplingConfig(), SamplingConfig(temperature=0.7, top_p=0.9, seed=3)):
+        cfg = GenerationConfig(max_new_tokens=40, sampling=sampling)
+        ref, ref_ev = run_to_end(embedded, prompt, None, cfg)
+        for loop in ("fused", "paper"):
+            out, ev = run_to_end(embedded, prompt, make_drafter("sdsat", embedded, loop=loop), cfg)
+            assert out == ref
