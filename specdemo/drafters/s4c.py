@@ -1,0 +1,292 @@
+"""S4C drafter: three autoregressive draft heads over the target's features + the continuous verification tree.
+
+See `specdemo/s4c.py` for the model and our reading of the paper.  Options:
+    heads   -- folder or hub repo id of trained heads (default: the shipped heads for the embedded model)
+    tree    -- "s4c" (two top-1 chains, then top-k alternatives; default) | "chain" (one top-1 chain) |
+               "eagle" (EAGLE-2 style: expand the topk best nodes per depth, keep the budget best overall)
+    budget  -- max tree nodes (default 15; "auto" asks specdemo.budget for this machine's verify cost curve)
+    topk    -- alternatives per position (default 3)
+
+KV caches: each head keeps its own cache (the engine's preallocated KVCache) of committed positions, fed from the
+target features that `observe` receives; draft rows are appended for one layer call and cut off again.  Recomputing a
+window instead would cost ~W x the work per step on CPU, and the per-head lag (head h needs x_{t+h}) makes an
+incremental cache natural.
+
+Stats: `drafter.stats` counts, per depth d, the steps whose tree reached depth d and the steps that accepted >= d
+tokens; `drafter.acceptance_by_depth()` gives the conditional rates.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..engine import DecodeState, Drafter, KVCache, Verified
+from ..models import EMBEDDED, Target
+from ..s4c import EMBEDDED_HEADS, S4CArtifactError, S4CHeads, load_heads, train_command
+from ..tree import DraftTree
+from . import DrafterUnavailable
+
+TREES = ("s4c", "chain", "eagle")
+
+
+def default_heads(target: Target) -> Path | None:
+    return EMBEDDED_HEADS if target.name == EMBEDDED else None
+
+
+@dataclass
+class _Node:
+    token: int
+    parent: int  # index into the node list, -1 = root
+    depth: int
+    logp: float  # cumulative draft log-probability
+    outs: list = field(default_factory=list)  # this head's draft outputs at positions n-depth+1 .. n-1 (for its child head)
+    dist: tuple | None = None  # (tokens, logprobs) ranked, for its children
+
+
+class S4CDrafter(Drafter):
+    name = "s4c"
+    needs_hidden = True
+
+    def __init__(self, target: Target, heads: S4CHeads, tree: str = "s4c", budget: int = 15, topk: int = 3):
+        if tree not in TREES:
+            raise ValueError(f"s4c tree must be one of {', '.join(TREES)} (got {tree!r})")
+        self.target, self.heads, self.tree_kind = target, heads, tree
+        self.budget, self.topk = int(budget), max(1, int(topk))
+        self.H = heads.n_heads
+        self.stats = {"steps": 0, "reached": [0] * self.H, "accepted": [0] * self.H}
+
+    # ------------------------------------------------------------------ state
+    def begin(self, state: DecodeState, prompt_hidden: torch.Tensor | None) -> None:
+        t, d = self.target, self.heads.d
+        cap = len(state.tokens) + state.max_new_tokens + 8
+        self.F = torch.zeros(cap, d, dtype=t.dtype, device=t.device)  # target features f_t
+        self.G = [torch.zeros(cap, d, dtype=t.dtype, device=t.device) for _ in range(self.H)]  # committed head outputs
+        self.nf = 0
+        if prompt_hidden is not None:
+            self.F[: len(prompt_hidden)] = prompt_hidden
+            self.nf = len(prompt_hidden)
+        self.done = [0] * self.H  # positions already in each head's cache
+        self.caches = [KVCache(capacity=cap + 64) for _ in range(self.H)]
+        vocab = torch.unique(torch.cat([self.heads.draft_vocab.to(t.device),
+                                        torch.tensor(state.tokens, device=t.device, dtype=torch.long)]))
+        self.vocab = vocab
+        self.w = self.heads.lm_weight(vocab)  # (V', d) rows of the frozen LM head
+
+    def observe(self, state: DecodeState, verified: Verified) -> None:
+        h = verified.hidden
+        self.F[self.nf : self.nf + len(h)] = h
+        self.nf += len(h)
+        self.stats["steps"] += 1
+        depth = max(self._last_depths, default=0)
+        for d in range(min(depth, self.H)):
+            self.stats["reached"][d] += 1
+            if len(verified.accepted_nodes) > d:
+                self.stats["accepted"][d] += 1
+
+    def acceptance_by_depth(self) -> list[float]:
+        """P(accept >= d | accepted >= d-1 and the tree reached depth d), d = 1..H."""
+        out, prev = [], self.stats["steps"]
+        for r, a in zip(self.stats["reached"], self.stats["accepted"]):
+            out.append(a / prev if prev else 0.0)
+            prev = a
+        return out
+
+    # ------------------------------------------------------------------ one head call
+    def _run_head(self, h: int, n: int, tokens: list[int], branches: list[tuple[list[int], list[torch.Tensor]]]):
+        """Head h (0-based): add committed positions done[h] .. n-h-1 to its cache, then run draft rows for each
+        branch (tokens for positions n-h .. n-1 and their input features) in the same call; return the committed
+        outputs' last row (for h = 0) and, per branch, its draft outputs."""
+        k = h + 1
+        heads, t = self.heads, self.target
+        lo, hi = self.done[h], n - k  # committed positions lo .. hi (inclusive)
+        rows_tok, rows_feat, rows_pos = [], [], []
+        for p in range(lo, hi + 1):
+            rows_tok.append(tokens[p + k])
+            rows_feat.append(self.F[p] if h == 0 else self.G[h - 1][p])
+            rows_pos.append(p)
+        c = len(rows_tok)
+        spans = []
+        for btoks, bfeats in branches:
+            start = len(rows_tok)
+            for j, (tok, feat) in enumerate(zip(btoks, bfeats)):
+                rows_tok.append(tok)
+                rows_feat.append(feat)
+                rows_pos.append(n - k + 1 + j)
+            spans.append((start, len(rows_tok)))
+        if not rows_tok:
+            return [], [[] for _ in branches]
+        cache = self.caches[h]
+        past = cache.get_seq_length()
+        R = len(rows_tok)
+        allow = torch.zeros(R, R, dtype=torch.bool)
+        allow[:c, :c] = torch.tril(torch.ones(c, c, dtype=torch.bool))
+        allow[c:, :c] = True
+        for s, e in spans:
+            allow[s:e, s:e] = torch.tril(torch.ones(e - s, e - s, dtype=torch.bool))
+        mask = torch.zeros(1, 1, R, past + R, dtype=t.dtype, device=t.device)
+        mask[0, 0, :, past:].masked_fill_(~allow.to(t.device), torch.finfo(t.dtype).min)
+        ids = torch.tensor([rows_tok], device=t.device)
+        emb = heads.embed(ids).to(t.dtype)
+        feat = torch.stack(rows_feat).unsqueeze(0)
+        pos = torch.tensor([rows_pos], device=t.device)
+        out = heads.head(h, emb, feat, pos, mask=mask, cache=cache)[0]
+        cache.keep(past + c, [])  # drop the draft rows, keep the committed ones
+        if c:
+            self.G[h][lo : hi + 1] = out[:c]
+            self.done[h] = hi + 1
+        return out[:c], [list(out[s:e]) for s, e in spans]
+
+    def _dist(self, rows: torch.Tensor, k: int):
+        logp = (rows @ self.w.T).float().log_softmax(-1)
+        lp, idx = logp.topk(k, -1)
+        return self.vocab[idx].tolist(), lp.tolist()
+
+    # ------------------------------------------------------------------ drafting
+    @torch.no_grad()
+    def propose(self, state: DecodeState) -> DraftTree:
+        self._last_depths = []
+        tokens = state.tokens
+        n = len(tokens) - 1  # root position
+        if self.nf != n or n < 1:
+            return DraftTree.empty()
+        k = self.topk
+        # head 1: committed positions up to n-1; its output at n-1 is the depth-1 distribution
+        self._run_head(0, n, tokens, [])
+        toks, lps = self._dist(self.G[0][n - 1 : n], max(k, 2))
+        nodes: list[_Node] = []
+        frontier = []  # node indices to expand at the next depth
+        first = [(_Node(tok, -1, 1, lp)) for tok, lp in zip(toks[0], lps[0])]
+        kind = self.tree_kind
+        if kind == "chain":
+            first = first[:1]
+        elif kind == "s4c":
+            first = first[: max(k, 2)]
+        else:
+            first = first[:k]
+        nodes.extend(first)
+        if kind == "chain":
+            frontier = [0]
+        elif kind == "s4c":
+            frontier = [0, 1]  # the two vertical chains start at the top-2 of head 1
+        else:
+            frontier = list(range(len(first)))
+        chain_nodes = set(frontier)
+        for depth in range(2, self.H + 1):
+            h = depth - 1
+            if n - h < 0 or not frontier or depth > state.remaining - 1:
+                break
+            branches = []
+            for i in frontier:
+                path = self._path(nodes, i)  # node indices depth 1..depth-1
+                btoks = [nodes[j].token for j in path]
+                parent_outs = nodes[nodes[i].parent].outs if nodes[i].parent >= 0 else []
+                bfeats = [self.G[h - 1][n - h]] + list(parent_outs)
+                branches.append((btoks, bfeats))
+            _, outs = self._run_head(h, n, tokens, branches)
+            for i, o in zip(frontier, outs):
+                nodes[i].outs = o
+            last = torch.stack([o[-1] for o in outs])
+            ctoks, clps = self._dist(last, k)
+            new_frontier = []
+            cand = []
+            for i, ts, ls in zip(frontier, ctoks, clps):
+                for r, (tok, lp) in enumerate(zip(ts, ls)):
+                    if kind == "chain" and r > 0:
+                        break
+                    cand.append((i, r, tok, nodes[i].logp + lp))
+            for i, r, tok, lp in cand:
+                nodes.append(_Node(tok, i, depth, lp))
+                if kind in ("chain", "s4c") and r == 0:
+                    new_frontier.append(len(nodes) - 1)
+                    chain_nodes.add(len(nodes) - 1)
+            if kind == "eagle":  # expand the k best nodes of this depth by cumulative log-prob
+                this = [j for j in range(len(nodes)) if nodes[j].depth == depth]
+                new_frontier = sorted(this, key=lambda j: -nodes[j].logp)[:k]
+            frontier = new_frontier
+        return self._select(nodes, chain_nodes if kind != "eagle" else set())
+
+    @staticmethod
+    def _path(nodes, i):
+        path = []
+        while i >= 0:
+            path.append(i)
+            i = nodes[i].parent
+        return path[::-1]
+
+    def _select(self, nodes: list[_Node], first: set[int]) -> DraftTree:
+        """Keep `budget` nodes: the vertical chains first (s4c/chain), then the rest by cumulative log-prob; a node
+        is only kept with its parent; output in topological order."""
+        order = sorted(range(len(nodes)), key=lambda j: (j not in first, -nodes[j].logp if j not in first else j))
+        keep: set[int] = set()
+        for j in order:
+            if len(keep) >= self.budget:
+                break
+            if nodes[j].parent < 0 or nodes[j].parent in keep:
+                keep.add(j)
+        kept = sorted(keep, key=lambda j: (nodes[j].depth, j))
+        remap = {-1: -1}
+        toks, parents, src = [], [], []
+        for j in kept:
+            remap[j] = len(toks)
+            toks.append(nodes[j].token)
+            parents.append(remap[nodes[j].parent])
+            src.append(f"head{nodes[j].depth}")
+        self._last_depths = [nodes[j].depth for j in kept]
+        return DraftTree(toks, parents, src)
+
+
+def make(target: Target, heads: str | None = None, tree: str = "s4c", budget: int | str = 15, topk: int = 3,
+         **unknown) -> S4CDrafter:
+    if unknown:
+        raise ValueError(f"unknown S4C options: {', '.join(unknown)} (known: heads, tree, budget, topk)")
+    source = heads or default_heads(target)
+    if source is None or (isinstance(source, Path) and not (source / "model.safetensors").exists()):
+        raise DrafterUnavailable(_missing(target))
+    try:
+        loaded = _cached_heads(target, str(source))
+    except S4CArtifactError as exc:
+        raise DrafterUnavailable(str(exc)) from exc
+    if budget == "auto":
+        budget = _auto_budget(target)
+    return S4CDrafter(target, loaded, tree=str(tree), budget=int(budget), topk=int(topk))
+
+
+def _auto_budget(target: Target) -> int:
+    try:
+        from .. import budget as b
+
+        return int(b.pick_budget(b.verify_cost_curve(target, [1, 4, 8, 12, 16, 24])))
+    except Exception:
+        return 15
+
+
+_CACHE: dict[tuple[int, str], S4CHeads] = {}
+
+
+def _cached_heads(target: Target, source: str) -> S4CHeads:
+    key = (id(target.model), source)
+    if key not in _CACHE:
+        _CACHE[key] = load_heads(target, source)
+    return _CACHE[key]
+
+
+def _missing(target: Target) -> str:
+    return (f"S4C has no draft heads for '{target.name}'. Train them with: {train_command(target.name, 'HEADS_DIR')} "
+            f"and pick them with the option heads=HEADS_DIR.")
+
+
+def unavailable_reason(target: Target) -> str | None:
+    src = default_heads(target)
+    if src is None or not (src / "model.safetensors").exists():
+        return _missing(target)
+    try:
+        cfg = __import__("json").loads((src / "config.json").read_text())
+    except Exception:
+        return f"The S4C heads in {src} are unreadable; rebuild them: {train_command(target.name, str(src))}"
+    from ..s4c import target_config_hash
+
+    if cfg.get("tokenizer_identity") != target.identity or cfg.get("target_config_hash") != target_config_hash(target):
+        return f"The S4C heads in {src} were trained for another model; rebuild them: {train_command(target.name, str(src))}"
+    return None

@@ -1,0 +1,190 @@
+"""S4C: head shapes, inference/training consistency, tree invariants, training loop, artifact round trip and refusal,
+greedy + sampling losslessness (tiny models with untrained heads; the embedded model with the shipped heads)."""
+from __future__ import annotations
+
+import gzip
+import json
+import types
+
+import pytest
+import torch
+
+from specdemo.drafters import DrafterUnavailable, make_drafter, unavailable_reason
+from specdemo.drafters.s4c import S4CDrafter
+from specdemo.engine import GenerationConfig, run_to_end
+from specdemo.s4c import EMBEDDED_HEADS, S4CArtifactError, S4CHeads, load_heads, save_heads, unrolled_losses
+from specdemo.sampling import SamplingConfig
+
+PROMPT = "Write a Python function that adds two numbers."
+
+
+def _heads(target, seed=0, n_heads=3):
+    torch.manual_seed(seed)
+    h = S4CHeads(target, n_heads, 96, torch.arange(3000))
+    # perturb the pass-through init so heads are not trivially identical
+    with torch.no_grad():
+        for p in h.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    return h.eval().requires_grad_(False)
+
+
+def test_head_shapes(tiny):
+    heads = _heads(tiny)
+    d = tiny.model.config.hidden_size
+    ids = torch.randint(0, 3000, (2, 7))
+    feat = torch.randn(2, 7, d)
+    out = heads.head(0, heads.embed(ids), feat, torch.arange(7).expand(2, 7))
+    assert out.shape == (2, 7, d)
+    assert heads.lm_weight().shape == (3000, d)
+    assert type(heads.layers[0]) is type(tiny.decoder.layers[0])  # the target's own decoder-layer class
+
+
+def test_drafter_cache_matches_unrolled_training(tiny_llama):
+    """The heads' committed outputs built incrementally at inference equal the unrolled training computation."""
+    t = tiny_llama
+    heads = _heads(t, 1)
+    prompt = t.encode_prompt(PROMPT)
+    dr = S4CDrafter(t, heads)
+    toks, _ = run_to_end(t, prompt, dr, GenerationConfig(max_new_tokens=12))
+    seq = prompt + toks[:-1]  # every position whose feature the drafter has seen
+    with torch.no_grad():
+        f = t.decoder(input_ids=torch.tensor([seq])).last_hidden_state  # (1, T, d)
+        T = f.shape[1]
+        emb = heads.embed(torch.tensor([seq]))
+        u = f
+        for h in range(3):
+            k = h + 1
+            e = torch.zeros_like(emb)
+            e[:, : T - k] = emb[:, k:]
+            u = heads.head(h, e, u, torch.arange(T).unsqueeze(0))
+            n_ok = dr.done[h]
+            assert n_ok >= len(prompt) - k
+            torch.testing.assert_close(dr.G[h][:n_ok], u[0, :n_ok], atol=2e-3, rtol=1e-2)
+
+
+@pytest.mark.parametrize("kind", ["s4c", "chain", "eagle"])
+def test_tree_invariants(tiny_llama, kind):
+    t = tiny_llama
+    dr = S4CDrafter(t, _heads(t), tree=kind, budget=12, topk=3)
+    prompt = t.encode_prompt(PROMPT)
+    _, events = run_to_end(t, prompt, dr, GenerationConfig(max_new_tokens=10))
+    for e in events[:-1]:
+        tree = e.tree
+        assert len(tree) <= (12 if kind != "chain" else 3)
+        depths = tree.depths()
+        assert max(depths) <= 3
+        assert all(p < i for i, p in enumerate(tree.parents))
+        assert tree.sources == [f"head{d}" for d in depths]
+        # siblings are distinct tokens
+        seen = set()
+        for tok, p in zip(tree.tokens, tree.parents):
+            assert (p, tok) not in seen
+            seen.add((p, tok))
+        if kind == "chain":
+            assert tree.parents == list(range(-1, len(tree) - 1))
+        if kind == "s4c" and len(tree) >= 6:
+            # vertical first: two chains of depth 3 hang off the two first depth-1 nodes
+            kids = {}
+            for i, p in enumerate(tree.parents):
+                kids.setdefault(p, []).append(i)
+            roots = kids[-1]
+            assert len(roots) >= 2
+            for r in roots[:2]:
+                assert r in kids and any(c in kids for c in kids[r])
+    assert len(dr.acceptance_by_depth()) == 3
+
+
+def test_losslessness_tiny(tiny):
+    heads = _heads(tiny, 2)
+    prompt = tiny.encode_prompt(PROMPT)
+    for sampling in (SamplingConfig(), SamplingConfig(temperature=0.9, top_p=0.95, seed=5)):
+        cfg = GenerationConfig(max_new_tokens=24, sampling=sampling)
+        ref, _ = run_to_end(tiny, prompt, None, cfg)
+        for kind in ("s4c", "eagle"):
+            got, _ = run_to_end(tiny, prompt, S4CDrafter(tiny, heads, tree=kind), cfg)
+            assert got == ref
+
+
+def test_training_loss_falls(tiny_llama, tmp_path):
+    from specdemo import s4c
+
+    t = tiny_llama
+    rng = torch.Generator().manual_seed(0)
+    recs = []
+    for i in range(6):  # a repetitive corpus the heads can learn quickly
+        base = torch.randint(100, 400, (8,), generator=rng).tolist()
+        recs.append({"id": f"r{i}", "prompt_ids": base[:4], "answer_ids": (base * 6)[:40]})
+    data = tmp_path / "d.jsonl.gz"
+    with gzip.open(data, "wt") as f:
+        f.write(json.dumps({"format": "specdemo-selfdistill"}) + "\n")
+        for r in recs:
+            f.write(json.dumps(r) + "\n")
+    out = tmp_path / "heads"
+    args = types.SimpleNamespace(
+        model=str(t.model.name_or_path), data=[str(data)], out=str(out), device=None, n_heads=3,
+        intermediate_size=64, draft_vocab=512, steps=30, epochs=1, minutes=0, batch_size=3, lr=3e-3,
+        weight_decay=0.0, warmup=2, noise=0.0, loss_weights=[0.1, 1.0, 1.0], max_prompt=16, max_len=64,
+        holdout=0.0, seed=0, log_every=10, eval_every=1000, ckpt_every=15, resume=True,
+        feature_cache=str(tmp_path / "fc"), threads=0)
+    records = s4c.read_records([str(data)])
+    target = t
+    feats = s4c.extract_features(target, records, tmp_path / "fc" / "f.pt", 16, log=lambda m: None)
+    heads = S4CHeads(target, 3, 64, s4c.build_draft_vocab(records, 512, target.lm_head.weight.shape[0], [0]))
+    heads.train()
+    opt = torch.optim.AdamW(heads.parameters(), lr=3e-3)
+    ids, ft, lens, starts = s4c._collate(records, feats, 16, 64, torch.float32, "cpu")
+    first = last = None
+    for step in range(25):
+        loss, ms = unrolled_losses(heads, ids, ft, lens, starts)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        first = float(loss) if first is None else first
+        last = float(loss)
+    assert last < 0.7 * first
+    # the CLI path: trains, checkpoints, writes an artifact, resumes
+    assert s4c.train(args) == 0
+    assert (out / "config.json").exists() and (out / "model.safetensors").exists() and (out / "checkpoint.pt").exists()
+    args.steps = 33
+    assert s4c.train(args) == 0
+    assert "resumed from" in (out / "train_log.txt").read_text()
+    loaded = load_heads(t, out)
+    assert loaded.n_heads == 3 and json.loads((out / "config.json").read_text())["training"]["step"] == 33
+
+
+def test_artifact_round_trip_and_refusal(tiny, tiny_llama, tmp_path):
+    heads = _heads(tiny_llama)
+    save_heads(heads, tmp_path / "h")
+    assert (tmp_path / "h" / "model.safetensors").stat().st_size < 20 * 2 ** 20
+    back = load_heads(tiny_llama, tmp_path / "h")
+    for (k, a), (_, b) in zip(heads.state_dict().items(), back.state_dict().items()):
+        assert torch.allclose(a.float(), b.float(), atol=1e-2), k  # fp16 storage
+    assert torch.equal(back.draft_vocab, heads.draft_vocab)
+    dr = make_drafter("s4c", tiny_llama, heads=str(tmp_path / "h"))
+    assert isinstance(dr, S4CDrafter)
+    if tiny.model.config.model_type != "llama":  # another model: refused with the command that fixes it
+        with pytest.raises(S4CArtifactError, match="another model"):
+            load_heads(tiny, tmp_path / "h")
+        with pytest.raises(DrafterUnavailable, match="train s4c"):
+            make_drafter("s4c", tiny, heads=str(tmp_path / "h"))
+    with pytest.raises(DrafterUnavailable, match="train s4c"):
+        make_drafter("s4c", tiny)  # no default heads for a non-embedded model
+    assert "train s4c" in unavailable_reason("s4c", tiny)
+    with pytest.raises(DrafterUnavailable, match="hub|not found"):
+        make_drafter("s4c", tiny_llama, heads="nobody-here/no-such-heads")
+    with pytest.raises(ValueError):
+        make_drafter("s4c", tiny_llama, heads=str(tmp_path / "h"), tree="bogus")
+
+
+@pytest.mark.skipif(not (EMBEDDED_HEADS / "model.safetensors").exists(), reason="shipped heads not built")
+def test_embedded_shipped_heads_lossless(embedded):
+    prompt = embedded.encode_prompt("Write a Python function that returns the sum of a list of numbers.")
+    assert unavailable_reason("s4c", embedded) is None
+    for sampling in (SamplingConfig(), SamplingConfig(temperature=0.7, top_p=0.9, seed=1)):
+        cfg = GenerationConfig(max_new_tokens=40, sampling=sampling)
+        ref, _ = run_to_end(embedded, prompt, None, cfg)
+        dr = make_drafter("s4c", embedded)
+        got, events = run_to_end(embedded, prompt, dr, cfg)
+        assert got == ref
+        if sampling.greedy:
+            assert len(got) / len(events) > 1.2  # trained heads do accept drafts
