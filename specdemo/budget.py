@@ -1,0 +1,121 @@
+"""How many draft nodes a verification forward can afford: measured, once per loaded model and device.
+
+On a GPU a forward over 64 tokens costs about what one token costs (memory bound), so tree drafters use the paper's
+64 nodes there.  On a CPU the cost grows with the tree (on the 2-core dev machine a 16-node tree costs ~1.6-1.8x a
+1-token step), so a drafter must pick its tree size from the measured curve, or it ends up slower than AR.
+
+    verify_cost_curve(target, sizes)  -> {draft nodes: seconds of one verification forward}  (0 = a plain AR step)
+    relative_cost(curve)              -> the same, divided by the AR step
+    pick_budget(target, expected_tau_by_size) -> the node budget with the best expected tokens per unit of cost
+    cost_at(rel, n)                   -> relative cost of an n-node tree, interpolated
+"""
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+
+import torch
+
+GPU_BUDGET = 64
+DEFAULT_SIZES = (0, 1, 2, 4, 8, 16, 32, 64)
+# What a REST-style tree buys per node budget on the embedded model (store + context, greedy; shared/notes/rest.md)
+DEFAULT_EXPECTED_TAU = {1: 1.35, 2: 1.5, 4: 1.62, 8: 1.75, 16: 1.85, 32: 1.9, 64: 1.93}
+
+_curves: dict[tuple, dict[int, float]] = {}
+_lock = threading.Lock()
+
+
+def _key(target, sizes) -> tuple:
+    return (target.name, target.identity, str(target.device), str(target.dtype), id(target.model), tuple(sizes))
+
+
+@torch.no_grad()
+def verify_cost_curve(target, sizes=DEFAULT_SIZES, repeats: int = 3, context: int = 256) -> dict[int, float]:
+    """Median seconds of one verification forward (`engine.tree_forward` over root + a chain of n draft nodes) for
+    each n in `sizes`, after `context` committed tokens.  Measured once per model + device and cached in memory;
+    sizes are interleaved across repeats so a busy spell does not bias one size."""
+    from .engine import KVCache, tree_forward
+    from .tree import DraftTree, TreeBuffers
+
+    sizes = tuple(sorted(set(int(s) for s in sizes) | {0}))
+    key = _key(target, sizes)
+    with _lock:
+        if key in _curves:
+            return dict(_curves[key])
+        g = torch.Generator().manual_seed(0)
+        vocab = min(int(target.model.config.vocab_size), 30000)
+        ids = torch.randint(100, vocab, (context + max(sizes) + 1,), generator=g).tolist()
+        times: dict[int, list[float]] = {s: [] for s in sizes}
+        with target.lock:
+            cache = KVCache(capacity=context + max(sizes) + 2)
+            target.decoder(input_ids=torch.tensor([ids[: context - 1]], device=target.device), past_key_values=cache,
+                           use_cache=True)
+            past = cache.get_seq_length()
+            root = ids[context - 1]
+            for rep in range(repeats + 1):  # the first pass warms up kernels and is not counted
+                for s in sizes:
+                    tree = DraftTree.chain(ids[context : context + s])
+                    buf = TreeBuffers.build(tree, context - 1, target.device)
+                    target.sync()
+                    t0 = time.perf_counter()
+                    tree_forward(target, cache, [root] + tree.tokens, buf)
+                    target.sync()
+                    if rep:
+                        times[s].append(time.perf_counter() - t0)
+                    cache.keep(past, [])  # drop what this forward appended
+        curve = {s: statistics.median(v) for s, v in times.items()}
+        _curves[key] = curve
+        return dict(curve)
+
+
+def relative_cost(curve: dict[int, float]) -> dict[int, float]:
+    """Costs divided by the AR step (size 0), made non-decreasing (a bigger tree never costs less)."""
+    base = curve[0]
+    out, top = {}, 0.0
+    for s in sorted(curve):
+        top = max(top, curve[s] / base)
+        out[s] = round(top, 3)
+    out[0] = 1.0
+    return out
+
+
+def cost_at(rel: dict[int, float], n: int) -> float:
+    """Relative cost of an n-node tree, linearly interpolated (and extrapolated past the largest size)."""
+    if n in rel:
+        return rel[n]
+    keys = sorted(rel)
+    if n >= keys[-1]:
+        a, b = keys[-2], keys[-1]
+    else:
+        b = next(k for k in keys if k > n)
+        a = max(k for k in keys if k < n)
+    return rel[a] + (rel[b] - rel[a]) * (n - a) / (b - a)
+
+
+def _interp(table: dict[int, float], n: int) -> float:
+    keys = sorted(table)
+    if n <= keys[0]:
+        return table[keys[0]]
+    if n >= keys[-1]:
+        return table[keys[-1]]
+    b = next(k for k in keys if k >= n)
+    a = max(k for k in keys if k <= n)
+    return table[a] if a == b else table[a] + (table[b] - table[a]) * (n - a) / (b - a)
+
+
+def pick_budget(target, expected_tau_by_size: dict[int, float] | None = None, sizes=DEFAULT_SIZES) -> int:
+    """The node budget that maximises expected tokens per unit of cost: 64 on GPUs (as in REST); on CPU the argmax
+    over measured sizes of expected_tau(n) / relative_cost(n).  Ties go to the smaller tree."""
+    if target.device.type != "cpu":
+        return GPU_BUDGET
+    tau = expected_tau_by_size or DEFAULT_EXPECTED_TAU
+    rel = relative_cost(verify_cost_curve(target, sizes))
+    best, best_rate = 0, 1.0  # size 0 = AR: one token per unit of cost
+    for s in sorted(rel):
+        if s == 0:
+            continue
+        rate = _interp(tau, s) / rel[s]
+        if rate > best_rate * 1.01:
+            best, best_rate = s, rate
+    return best

@@ -1,0 +1,670 @@
+"""REST datastore: token array + suffix array on disk (memory-mapped), builder, loader, retrieval, CLI.
+
+Format (a folder; version 1):
+    tokens.npy     u16 (len(tokenizer) <= 65535) or u32: [SEP] doc0 [SEP] doc1 [SEP] ... [SEP]
+                   SEP = the dtype's largest value (65535 / 2**32-1): never a real token id, so a query can never match
+                   across a document boundary and continuations stop at it.
+    sa.npy         i32 (i64 past 2**31 tokens): the suffix array of the token array read BACKWARDS, stored as forward
+                   end offsets.  Entry e stands for the prefix tokens[:e] read from tokens[e-1] towards the start; the
+                   entries are sorted by that reversed string.  So all the places where the context's last m tokens
+                   occur form one contiguous range, and the range for m+1 tokens lies inside the range for m: the
+                   longest suffix match of a context is found by narrowing one range, one token at a time (16 binary
+                   searches, each inside the last).  The continuation of entry e is tokens[e:e+10].  Only entries with
+                   a real token on both sides (tokens[e-1], tokens[e] != SEP) are stored.
+    manifest.json  format, version, tokenizer identity (specdemo.models.tokenizer_identity), vocab size, dtype,
+                   separator, documents, tokens, build time, sources, and size + sha256 of both arrays.
+
+Build: `python -m specdemo datastore build --model embedded --input PATHS... [--out DIR]`; the default DIR is the
+model's default datastore, which the REST drafter picks up by itself.  `python -m specdemo datastore info DIR`.
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import itertools
+import json
+import os
+import re
+import shutil
+import sys
+import sysconfig
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
+
+FORMAT = "specdemo-datastore"
+VERSION = 1
+TEXT_SUFFIXES = (".py", ".txt", ".md", ".jsonl", ".jsonl.gz")
+SKIP_DIRS = {"__pycache__", ".git", ".hg", ".svn", ".venv", "venv", "node_modules", ".tox", ".mypy_cache"}
+# the default store's stdlib part: no tests, no IDLE / demos, no bundled third-party code
+STDLIB_SKIP_DIRS = SKIP_DIRS | {"test", "tests", "idle_test", "idlelib", "turtledemo", "site-packages",
+                                "dist-packages", "ensurepip", "lib2to3", "pydoc_data"}
+DEFAULT_RECIPE = "stdlib+selfdistill-v1"
+
+
+class DatastoreError(RuntimeError):
+    """A datastore cannot be built or used; the message says what to do."""
+
+
+def separator_for(dtype: np.dtype) -> int:
+    return int(np.iinfo(dtype).max)
+
+
+def dtype_for_vocab(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16) if vocab_size <= 65535 else np.dtype(np.uint32)
+
+
+def build_command(model: str, inputs: str = "PATHS...", out: str | None = None) -> str:
+    cmd = f"python -m specdemo datastore build --model {model} --input {inputs}"
+    return cmd + (f" --out {out}" if out else "")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Reading corpora
+# ---------------------------------------------------------------------------------------------------------------------
+def collect_files(inputs: Iterable[str | Path], skip_dirs: set[str] = SKIP_DIRS) -> list[Path]:
+    """Every readable corpus file under `inputs` (files or folders), sorted, without duplicates."""
+    out: list[Path] = []
+    for item in inputs:
+        p = Path(item).expanduser()
+        if p.is_dir():
+            for root, dirs, files in os.walk(p):
+                dirs[:] = sorted(d for d in dirs if d not in skip_dirs and not d.startswith("."))
+                out.extend(Path(root) / f for f in sorted(files) if f.endswith(TEXT_SUFFIXES))
+        elif p.is_file():
+            out.append(p)
+        else:
+            raise DatastoreError(f"Input {p} does not exist: give files or folders of .py/.txt/.md/.jsonl text.")
+    seen, uniq = set(), []
+    for f in out:
+        if f.resolve() not in seen:
+            seen.add(f.resolve())
+            uniq.append(f)
+    return uniq
+
+
+_ROLE = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "bot": "assistant",
+         "chatgpt": "assistant", "model": "assistant", "system": "system"}
+
+
+def _chat_text(messages: list, tokenizer) -> str:
+    msgs = []
+    for m in messages:
+        if not isinstance(m, dict):
+            continue
+        role = _ROLE.get(str(m.get("role", m.get("from", "user"))).lower(), "user")
+        content = m.get("content", m.get("value", ""))
+        if isinstance(content, str) and content:
+            msgs.append({"role": role, "content": content})
+    if not msgs:
+        return ""
+    if getattr(tokenizer, "chat_template", None):
+        try:
+            return tokenizer.apply_chat_template(msgs, tokenize=False)
+        except Exception:  # templates that insist on strict alternation etc.: fall back to plain text
+            pass
+    return "\n\n".join(m["content"] for m in msgs)
+
+
+def record_text(rec: dict, tokenizer) -> str:
+    """The text of one jsonl record: a `text` field, or a chat (`conversations` / `messages`) rendered as the model sees it."""
+    if isinstance(rec.get("text"), str):
+        return rec["text"]
+    for key in ("conversations", "messages"):
+        if isinstance(rec.get(key), list):
+            return _chat_text(rec[key], tokenizer)
+    return ""
+
+
+def iter_file_documents(path: Path, tokenizer) -> Iterator[str]:
+    name = path.name
+    if name.endswith((".jsonl", ".jsonl.gz")):
+        opener = gzip.open if name.endswith(".gz") else open
+        with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+            for n, line in enumerate(f, 1):
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise DatastoreError(f"{path}:{n} is not valid JSON ({exc.msg}); fix or remove the line.") from exc
+                if isinstance(rec, dict) and (text := record_text(rec, tokenizer)):
+                    yield text
+    else:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if text.strip():
+            yield text
+
+
+def iter_dataset_documents(name: str, tokenizer, split: str = "train", config: str | None = None,
+                           limit: int = 0) -> Iterator[str]:
+    """Documents of a Hugging Face `datasets` dataset (needs the package and network access)."""
+    try:
+        import datasets  # noqa: PLC0415  (optional, imported only when asked for)
+    except ImportError as exc:
+        raise DatastoreError("Building from a hub dataset needs the `datasets` package: `pip install datasets` "
+                             "(and network access), or pass local files with --input.") from exc
+    try:
+        ds = datasets.load_dataset(name, config, split=split, streaming=True)
+    except Exception as exc:
+        raise DatastoreError(f"Cannot load dataset '{name}' (split {split}): {type(exc).__name__}: "
+                             f"{str(exc)[:300]}. Offline? Pass local files with --input instead.") from exc
+    for i, rec in enumerate(ds):
+        if limit and i >= limit:
+            break
+        if text := record_text(rec, tokenizer):
+            yield text
+
+
+def _split_long(text: str, limit: int = 1 << 20) -> list[str]:
+    """Very long documents go to the tokenizer in ~1 MB pieces cut at line ends (same document, no separator)."""
+    if len(text) <= limit:
+        return [text]
+    pieces, start = [], 0
+    while start < len(text):
+        end = min(len(text), start + limit)
+        if end < len(text):
+            nl = text.rfind("\n", start, end)
+            end = nl + 1 if nl > start else end
+        pieces.append(text[start:end])
+        start = end
+    return pieces
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Building
+# ---------------------------------------------------------------------------------------------------------------------
+def load_tokenizer(model: str):
+    """The tokenizer of a model name as `load_target` understands it, without loading any weights."""
+    from transformers import AutoTokenizer
+
+    from .models import EMBEDDED, ModelLoadError, embedded_dir
+
+    path = str(embedded_dir()) if model == EMBEDDED else model
+    try:
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"Cannot load the tokenizer of '{model}': {type(exc).__name__}: {str(exc)[:300]}") from exc
+
+
+def _encoder(tokenizer):
+    """A fast batch encoder (Rust, multithreaded) returning lists of ids without special tokens."""
+    backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tokenizer", None)
+    if backend is not None and hasattr(backend, "encode_batch_fast"):
+        return lambda texts: [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
+    if backend is not None:
+        return lambda texts: [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)]
+    return lambda texts: tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+
+def _progress(total: int | None, desc: str, unit: str, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, disable=not enabled, file=sys.stderr,
+                mininterval=0.5)
+
+
+def _sha256(path: Path, chunk: int = 1 << 24) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def suffix_order(tokens: np.ndarray, separator: int) -> np.ndarray:
+    """The `sa.npy` entries for a token array: end offsets sorted by the reversed prefix (see the module docstring)."""
+    import pydivsufsort
+
+    n = len(tokens)
+    if n == 0:
+        return np.zeros(0, dtype=np.int32)
+    # pydivsufsort sorts integer arrays through a big-endian byte view, keeping the offsets aligned to whole tokens
+    rev = np.ascontiguousarray(tokens[::-1])
+    r = pydivsufsort.divsufsort(rev).astype(np.int64, copy=False)
+    ends = n - r  # entry for rev[r:] = tokens[:n-r] read backwards
+    keep = ends < n
+    ends = ends[keep]
+    keep = (tokens[ends - 1] != separator) & (tokens[ends] != separator)
+    ends = ends[keep]
+    return ends.astype(np.int32 if n < 2**31 - 1 else np.int64)
+
+
+@dataclass
+class BuildStats:
+    documents: int
+    tokens: int
+    seconds: float
+    tokenize_seconds: float
+    sort_seconds: float
+
+
+def build(
+    out_dir: str | Path,
+    tokenizer,
+    texts: Iterable[str] = (),
+    token_docs: Iterable[Sequence[int]] = (),
+    sources: list[str] | None = None,
+    total_bytes: int | None = None,
+    progress: bool = True,
+    extra: dict | None = None,
+    batch_chars: int = 1 << 21,
+) -> dict:
+    """Tokenise `texts` (batched, parallel) and append `token_docs` (already token ids of this tokenizer), one document
+    each; write tokens.npy + sa.npy + manifest.json into `out_dir` (atomically: a temp folder renamed at the end).
+    Returns the manifest."""
+    from .models import tokenizer_identity
+
+    t_start = time.perf_counter()
+    out_dir = Path(out_dir)
+    vocab = len(tokenizer)
+    dtype = dtype_for_vocab(vocab)
+    sep = separator_for(dtype)
+    encode = _encoder(tokenizer)
+    parts: list[np.ndarray] = [np.array([sep], dtype=dtype)]
+    n_docs = n_tokens = 0
+    sep_arr = parts[0]
+
+    def add(ids: Sequence[int] | np.ndarray) -> None:
+        nonlocal n_docs, n_tokens
+        arr = np.asarray(ids, dtype=np.int64)
+        if not len(arr):
+            return
+        bad = (arr < 0) | (arr >= vocab)
+        if bad.any():
+            raise DatastoreError(
+                f"Token id {int(arr[bad][0])} is out of range for this tokenizer (vocabulary of {vocab}): the token "
+                f"ids were made with another tokenizer. Re-tokenise the corpus with this model's tokenizer.")
+        parts.append(arr.astype(dtype))
+        parts.append(sep_arr)
+        n_docs += 1
+        n_tokens += len(arr)
+
+    t0 = time.perf_counter()
+    bar = _progress(total_bytes, "tokenising", "B", progress)
+    batch: list[str] = []
+    batch_len = 0
+    doc_ends: list[bool] = []  # per piece in the batch: last piece of its document?
+
+    def flush() -> None:
+        nonlocal batch, batch_len, doc_ends
+        if not batch:
+            return
+        pending: list[list[int]] = []
+        for ids, last in zip(encode(batch), doc_ends):
+            pending.append(ids)
+            if last:
+                add(list(itertools.chain.from_iterable(pending)) if len(pending) > 1 else pending[0])
+                pending = []
+        bar.update(sum(len(t.encode("utf-8", errors="replace")) for t in batch) if total_bytes else len(batch))
+        batch, batch_len, doc_ends = [], 0, []
+
+    for text in texts:
+        pieces = _split_long(text)
+        for k, piece in enumerate(pieces):
+            batch.append(piece)
+            doc_ends.append(k == len(pieces) - 1)
+            batch_len += len(piece)
+        if batch_len >= batch_chars and doc_ends[-1]:
+            flush()
+    flush()
+    bar.close()
+    for ids in token_docs:
+        add(ids)
+    tokenize_s = time.perf_counter() - t0
+    if n_tokens == 0:
+        raise DatastoreError("The corpus is empty: no text was found in the inputs. Give .py/.txt/.md files, .jsonl "
+                             "files with `text` or `conversations`/`messages` fields, or folders holding them.")
+    tokens = np.concatenate(parts)
+    del parts
+    t0 = time.perf_counter()
+    if progress:
+        print(f"sorting {len(tokens):,} tokens ...", file=sys.stderr, flush=True)
+    sa = suffix_order(tokens, sep)
+    sort_s = time.perf_counter() - t0
+
+    tmp = out_dir.with_name(out_dir.name + f".tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    np.save(tmp / "tokens.npy", tokens)
+    np.save(tmp / "sa.npy", sa)
+    files = {name: {"bytes": (tmp / name).stat().st_size, "sha256": _sha256(tmp / name)}
+             for name in ("tokens.npy", "sa.npy")}
+    manifest = {
+        "format": FORMAT,
+        "version": VERSION,
+        "tokenizer": tokenizer_identity(tokenizer),
+        "tokenizer_name": getattr(tokenizer, "name_or_path", ""),
+        "vocab_size": vocab,
+        "dtype": dtype.name,
+        "separator": sep,
+        "documents": n_docs,
+        "tokens": n_tokens,
+        "entries": int(len(sa)),
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "build_seconds": round(time.perf_counter() - t_start, 2),
+        "tokenize_seconds": round(tokenize_s, 2),
+        "sort_seconds": round(sort_s, 2),
+        "sources": sources or [],
+        "files": files,
+        **(extra or {}),
+    }
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp.rename(out_dir)
+    return manifest
+
+
+def build_from_paths(out_dir: str | Path, tokenizer, inputs: Sequence[str | Path], progress: bool = True,
+                     skip_dirs: set[str] = SKIP_DIRS, token_docs: Iterable[Sequence[int]] = (),
+                     extra_sources: list[str] | None = None, extra: dict | None = None) -> dict:
+    files = collect_files(inputs, skip_dirs)
+    total = sum(f.stat().st_size for f in files)
+
+    def texts() -> Iterator[str]:
+        for f in files:
+            yield from iter_file_documents(f, tokenizer)
+
+    sources = [str(Path(p)) for p in inputs] + (extra_sources or [])
+    return build(out_dir, tokenizer, texts(), token_docs, sources=sources, total_bytes=total, progress=progress,
+                 extra=extra)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Loading and retrieval
+# ---------------------------------------------------------------------------------------------------------------------
+class Datastore:
+    """A memory-mapped datastore.  `match` finds the longest suffix match, `continuations` reads what followed."""
+
+    def __init__(self, path: str | Path, target=None, identity: str | None = None, vocab_size: int | None = None,
+                 verify: bool = True, model_name: str | None = None):
+        self.path = Path(path)
+        mpath = self.path / "manifest.json"
+        model_name = model_name or (target.name if target is not None else "MODEL")
+        rebuild = build_command(model_name, out=str(self.path))
+        if not mpath.exists():
+            raise DatastoreError(f"No datastore at {self.path} (manifest.json missing). Build one with `{rebuild}`.")
+        try:
+            m = json.loads(mpath.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise DatastoreError(f"{mpath} is corrupt ({exc}). Rebuild the datastore with `{rebuild}`.") from exc
+        if m.get("format") != FORMAT or m.get("version") != VERSION:
+            raise DatastoreError(f"{self.path} is not a {FORMAT} v{VERSION} datastore (found {m.get('format')} "
+                                 f"v{m.get('version')}). Rebuild it with `{rebuild}`.")
+        self.manifest = m
+        if target is not None:
+            identity = identity or target.identity
+            vocab_size = vocab_size or len(target.tokenizer)
+        if identity is not None and m["tokenizer"] != identity:
+            raise DatastoreError(
+                f"The datastore {self.path} was built for another tokenizer ({m['tokenizer']}, "
+                f"{m.get('tokenizer_name') or 'unknown model'}) than the model's ({identity}): its token ids would "
+                f"mean different words. Build one for this model with `{rebuild}`.")
+        for name, info in m["files"].items():
+            f = self.path / name
+            if not f.exists():
+                raise DatastoreError(f"{f} is missing. Rebuild the datastore with `{rebuild}`.")
+            size = f.stat().st_size
+            if size != info["bytes"]:
+                raise DatastoreError(f"{f} is truncated or corrupt ({size} bytes, the manifest says {info['bytes']}). "
+                                     f"Rebuild the datastore with `{rebuild}`.")
+            if verify and _sha256(f) != info["sha256"]:
+                raise DatastoreError(f"{f} is corrupt (its sha256 differs from the manifest's). Rebuild the datastore "
+                                     f"with `{rebuild}`.")
+        try:
+            tokens = np.load(self.path / "tokens.npy", mmap_mode="r")
+            sa = np.load(self.path / "sa.npy", mmap_mode="r")
+        except (ValueError, OSError) as exc:
+            raise DatastoreError(f"Cannot read the arrays of {self.path} ({exc}). Rebuild with `{rebuild}`.") from exc
+        self.dtype = np.dtype(m["dtype"])
+        self.sep = int(m["separator"])
+        if tokens.dtype != self.dtype or tokens.ndim != 1 or sa.ndim != 1 or len(sa) != m["entries"] \
+                or len(tokens) != m["tokens"] + m["documents"] + 1:
+            raise DatastoreError(f"The arrays of {self.path} do not match its manifest. Rebuild with `{rebuild}`.")
+        self.tokens = tokens.view(np.ndarray)
+        self.sa = sa.view(np.ndarray)
+        # token ids must exist in the model's vocabulary (REST's own builder crashed on forgotten added tokens)
+        vocab = vocab_size or m["vocab_size"]
+        real = self.tokens[self.tokens != self.sep]
+        top = int(real.max()) if len(real) else -1
+        if top >= vocab:
+            raise DatastoreError(f"The datastore {self.path} holds token id {top}, out of range for a vocabulary of "
+                                 f"{vocab}. It was built for another tokenizer or is corrupt; rebuild with `{rebuild}`.")
+        del real
+        self.vocab = max(vocab, m["vocab_size"])
+        # ranges for the first (newest) token of a query: entries are sorted by tokens[e-1] first
+        t = self.tokens
+        ok = (t[:-1] != self.sep) & (t[1:] != self.sep)
+        counts = np.bincount(t[:-1][ok].astype(np.int64), minlength=self.vocab)
+        self._first = np.concatenate([[0], np.cumsum(counts)]).tolist()
+        if self._first[-1] != len(self.sa):
+            raise DatastoreError(f"The suffix array of {self.path} does not match its tokens. Rebuild with `{rebuild}`.")
+        self._tmv = memoryview(self.tokens) if self.tokens.flags.c_contiguous else None
+        self._smv = memoryview(self.sa)
+
+    def __len__(self) -> int:
+        return int(self.manifest["tokens"])
+
+    def match(self, context: Sequence[int], max_len: int = 16, min_len: int = 2, small: int = 48) -> tuple[int, int, int]:
+        """(length, lo, hi): the longest m in [min_len, max_len] whose last-m-token suffix of `context` occurs in the
+        store with a continuation; sa[lo:hi] are all its occurrences.  (0, 0, 0) when none."""
+        n = min(max_len, len(context))
+        if n < max(1, min_len):
+            return 0, 0, 0
+        t0 = int(context[-1])
+        if not 0 <= t0 < len(self._first) - 1:
+            return 0, 0, 0
+        lo, hi = self._first[t0], self._first[t0 + 1]
+        if lo == hi:
+            return 0, 0, 0
+        T, S = self._tmv, self._smv
+        tokens, sa = self.tokens, self.sa
+        length = 1
+        for k in range(1, n):
+            t = int(context[-1 - k])
+            if hi - lo <= small:  # small range: read the whole column at once
+                col = tokens[sa[lo:hi].astype(np.int64) - 1 - k]
+                a = lo + int(np.searchsorted(col, t, "left"))
+                b = lo + int(np.searchsorted(col, t, "right"))
+            else:  # lower and upper bound of t in column k (sorted inside the range)
+                a, b = lo, hi
+                while a < b:
+                    mid = (a + b) >> 1
+                    if T[S[mid] - 1 - k] < t:
+                        a = mid + 1
+                    else:
+                        b = mid
+                lo2 = a
+                b = hi
+                while a < b:
+                    mid = (a + b) >> 1
+                    if T[S[mid] - 1 - k] <= t:
+                        a = mid + 1
+                    else:
+                        b = mid
+                a, b = lo2, a
+            if a == b:
+                break
+            lo, hi, length = a, b, k + 1
+        if length < min_len:
+            return 0, 0, 0
+        return length, lo, hi
+
+    def continuations(self, lo: int, hi: int, max_matches: int = 5000, length: int = 10) -> np.ndarray:
+        """(k, length) int64: what followed up to `max_matches` occurrences sampled evenly across sa[lo:hi]; after a
+        document separator every entry is the separator."""
+        n = hi - lo
+        if n <= 0:
+            return np.zeros((0, length), dtype=np.int64)
+        if n > max_matches:
+            idx = lo + (np.arange(max_matches, dtype=np.int64) * n) // max_matches
+            ends = self.sa[idx].astype(np.int64)
+        else:
+            ends = self.sa[lo:hi].astype(np.int64)
+        pos = np.minimum(ends[:, None] + np.arange(length), len(self.tokens) - 1)  # the last token is a separator
+        rows = self.tokens[pos].astype(np.int64)
+        stop = np.maximum.accumulate(rows == self.sep, axis=1)
+        rows[stop] = self.sep
+        return rows
+
+    def retrieve(self, context: Sequence[int], max_len: int = 16, min_len: int = 2, max_matches: int = 5000,
+                 length: int = 10) -> tuple[int, np.ndarray]:
+        """(match length, continuations) for the longest suffix match of `context` (length 0: no match)."""
+        m, lo, hi = self.match(context, max_len, min_len)
+        if not m:
+            return 0, np.zeros((0, length), dtype=np.int64)
+        return m, self.continuations(lo, hi, max_matches, length)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The default datastore of a model
+# ---------------------------------------------------------------------------------------------------------------------
+def _slug(identity: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", identity)
+
+
+def default_dir(identity: str) -> Path:
+    """Where the default datastore of a tokenizer lives (REST uses it when no path is given)."""
+    from .models import cache_root
+
+    return cache_root() / "datastores" / _slug(identity)
+
+
+def stdlib_dir() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def selfdistill_docs(path: Path, identity: str) -> tuple[list[list[int]], str]:
+    """The self-distilled answers as documents: the assistant header + the answer ids (ends with EOS when finished)."""
+    if not path.exists():
+        return [], ""
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        lines = [json.loads(line) for line in f if line.strip()]
+    header, records = lines[0], lines[1:]
+    if header.get("tokenizer") != identity or not records:
+        return [], ""
+    # the common tail of all chat-templated prompts ("<|im_end|>\n<|im_start|>assistant\n"): answers start after it
+    tail = records[0]["prompt_ids"]
+    for r in records[1:]:
+        p = r["prompt_ids"]
+        k = 0
+        while k < min(len(tail), len(p)) and tail[-1 - k] == p[-1 - k]:
+            k += 1
+        tail = tail[len(tail) - k:]
+    head = tail[-8:]
+    digest = hashlib.sha256(json.dumps([r["answer_ids"] for r in records]).encode()).hexdigest()[:12]
+    return [head + r["answer_ids"] for r in records], digest
+
+
+def ensure_default(target, progress: bool = True, stdlib_limit: int = 0, out_dir: Path | None = None) -> Path:
+    """The default datastore of the embedded model, built on first use (stdlib source + self-distilled answers).
+
+    For another model the default folder must have been built with the CLI; raises DatastoreError with the command.
+    """
+    from .corpus import SELFDISTILL_PATH
+    from .models import EMBEDDED
+
+    out = out_dir or default_dir(target.identity)
+    docs, digest = selfdistill_docs(SELFDISTILL_PATH, target.identity) if target.name == EMBEDDED else ([], "")
+    recipe = f"{DEFAULT_RECIPE}:{sys.version_info.major}.{sys.version_info.minor}:{digest}:{stdlib_limit}"
+    mpath = out / "manifest.json"
+    if mpath.exists():
+        try:
+            m = json.loads(mpath.read_text())
+        except json.JSONDecodeError:
+            m = {}
+        # a store the user built there is kept; an automatic one is rebuilt when its recipe changed
+        if m.get("default_recipe") in (None, recipe) and m.get("format") == FORMAT:
+            return out
+    if target.name != EMBEDDED:
+        raise DatastoreError(
+            f"REST has no datastore for model '{target.name}'. Build one from text in its domain with "
+            f"`{build_command(target.name)}` (it goes to {out}, where REST finds it), or pass a datastore path.")
+    files = collect_files([stdlib_dir()], STDLIB_SKIP_DIRS)
+    files = [f for f in files if f.suffix == ".py"]
+    if stdlib_limit:
+        files = files[:stdlib_limit]
+    if progress:
+        print(f"specdemo: building the REST datastore for the embedded model (first use only): {len(files)} Python "
+              f"standard-library files + {len(docs)} self-distilled answers -> {out}", file=sys.stderr, flush=True)
+    tok = target.tokenizer
+
+    def texts() -> Iterator[str]:
+        for f in files:
+            yield from iter_file_documents(f, tok)
+
+    total = sum(f.stat().st_size for f in files)
+    sources = [f"{stdlib_dir()} (.py, without tests/idlelib/turtledemo/site-packages; {len(files)} files)"]
+    if docs:
+        sources.append(f"{SELFDISTILL_PATH.name} ({len(docs)} answers)")
+    build(out, tok, texts(), docs, sources=sources, total_bytes=total, progress=progress,
+          extra={"default_recipe": recipe})
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------------------------------------------------
+def _cmd_build(args) -> int:
+    from .models import EMBEDDED, tokenizer_identity
+
+    tok = load_tokenizer(args.model)
+    out = Path(args.out) if args.out else default_dir(tokenizer_identity(tok))
+    t0 = time.perf_counter()
+    if args.dataset:
+        def texts() -> Iterator[str]:
+            for p in collect_files(args.input or []):
+                yield from iter_file_documents(p, tok)
+            yield from iter_dataset_documents(args.dataset, tok, args.split, args.dataset_config, args.limit_docs)
+
+        sources = list(args.input or []) + [f"hf:{args.dataset}:{args.split}"]
+        m = build(out, tok, texts(), sources=sources, total_bytes=None, progress=True)
+    else:
+        if not args.input:
+            raise DatastoreError("Nothing to build from: give --input PATHS... (files or folders) or --dataset NAME.")
+        m = build_from_paths(out, tok, args.input, progress=True)
+    dt = time.perf_counter() - t0
+    print(f"built {out}: {m['documents']:,} documents, {m['tokens']:,} tokens ({m['dtype']}) in {dt:.1f} s "
+          f"({m['tokens'] / max(dt, 1e-9) / 1e3:.0f}k tokens/s; tokenising {m['tokenize_seconds']} s, suffix array "
+          f"{m['sort_seconds']} s)")
+    if args.out and args.model == EMBEDDED:
+        print(f"use it with: --method rest --option datastore={out}")
+    return 0
+
+
+def _cmd_info(args) -> int:
+    d = Datastore(args.dir, verify=not args.quick)
+    m = d.manifest
+    size = sum(info["bytes"] for info in m["files"].values())
+    print(f"{d.path}\n  format {m['format']} v{m['version']}, built {m['built_at']} in {m['build_seconds']} s\n"
+          f"  tokenizer {m['tokenizer']} ({m.get('tokenizer_name', '')}), vocabulary {m['vocab_size']}, {m['dtype']}\n"
+          f"  {m['documents']:,} documents, {m['tokens']:,} tokens, {size / 1e6:.1f} MB on disk (hashes "
+          f"{'not checked' if args.quick else 'verified'})")
+    for s in m.get("sources", []):
+        print(f"  source: {s}")
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("datastore", help="build or inspect a REST datastore")
+    sub = p.add_subparsers(dest="datastore_command", required=True)
+    b = sub.add_parser("build", help="tokenise files/folders into a datastore (token array + suffix array)")
+    b.add_argument("--model", default="embedded", help="whose tokenizer to use: embedded, a hub id or a local path")
+    b.add_argument("--input", nargs="+", metavar="PATH",
+                   help="files or folders: .py .txt .md, .jsonl(.gz) with `text` or `conversations`/`messages`")
+    b.add_argument("--out", help="output folder (default: the model's default datastore, which REST uses by itself)")
+    b.add_argument("--dataset", help="a Hugging Face datasets name to add (needs `datasets` and network)")
+    b.add_argument("--dataset-config", default=None)
+    b.add_argument("--split", default="train")
+    b.add_argument("--limit-docs", type=int, default=0, help="at most this many dataset records (0 = all)")
+    b.set_defaults(func=_cmd_build)
+    i = sub.add_parser("info", help="describe and verify a datastore")
+    i.add_argument("dir")
+    i.add_argument("--quick", action="store_true", help="skip the sha256 check")
+    i.set_defaults(func=_cmd_info)

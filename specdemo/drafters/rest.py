@@ -1,0 +1,284 @@
+"""REST (He et al., 2024): draft trees retrieved from a datastore, merged with matches in the request itself.
+
+Every step:
+1. Datastore: the longest suffix of prompt + output so far (16 down to 2 tokens) that occurs in the datastore; up to
+   5000 of its occurrences, sampled evenly across the suffix-array range; the 10 tokens after each (never past a
+   document boundary).  See specdemo/datastore.py.
+2. Request (SuffixDecoding-style): the same longest-suffix search over prompt + output so far, all occurrences.
+   REST alone cannot copy a variable name it has only seen in the prompt; this can.
+3. One weighted trie over both sets of continuations: a node's weight is the (weighted) number of continuations
+   that start with its prefix (store rows weigh 1, request rows `context_weight`).  The draft is the best-first
+   subtree by weight under the node budget (a node only after its parent; ties: shallower, then token order), without
+   nodes whose share of the total weight is below `min_share`.
+4. On CPU the tree is cut per step to the size n that maximises (1 + confidence * sum of the n best shares) /
+   cost(n), with cost(n) the measured cost of an n-node verification relative to an AR step (specdemo/budget.py):
+   when the retrieved continuations disagree, the step sends a small tree or none, so REST does not pay for
+   verification it is unlikely to use.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..datastore import Datastore, DatastoreError, build_command, default_dir, ensure_default
+from ..engine import DecodeState, Drafter
+from ..models import EMBEDDED, Target
+from ..tree import DraftTree
+from . import DrafterUnavailable
+
+PAD = -1
+_stores: dict[tuple, Datastore] = {}
+
+
+def open_store(path: str | Path, target: Target) -> Datastore:
+    """A datastore opened once per (path, tokenizer) and shared by all drafters of the process."""
+    path = Path(path).expanduser()
+    try:
+        stamp = (path / "manifest.json").stat().st_mtime_ns
+    except OSError:
+        stamp = 0
+    key = (str(path.resolve()), target.identity, stamp)
+    if key not in _stores:
+        _stores[key] = Datastore(path, target=target)
+    return _stores[key]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Retrieval from the request itself
+# ---------------------------------------------------------------------------------------------------------------------
+def context_matches(tokens, max_len: int = 16, min_len: int = 2, length: int = 10,
+                    max_matches: int = 64) -> tuple[int, np.ndarray]:
+    """(match length, continuations (k, length) padded with -1) of the longest suffix of `tokens` (2..16 tokens) that
+    also occurs earlier in `tokens`; the most recent `max_matches` occurrences."""
+    seq = np.asarray(tokens, dtype=np.int64)
+    n = len(seq)
+    if n < 2 or min(max_len, n - 1) < max(min_len, 1):
+        return 0, np.zeros((0, length), dtype=np.int64)
+    cand = np.flatnonzero(seq[:-1] == seq[-1])  # end positions j < n-1 of earlier occurrences of the last token
+    m = 1
+    for k in range(1, min(max_len, n - 1)):
+        if not len(cand):
+            break
+        c = cand[cand >= k]
+        c = c[seq[c - k] == seq[-1 - k]]
+        if not len(c):
+            break
+        cand, m = c, k + 1
+    if m < min_len or not len(cand):
+        return 0, np.zeros((0, length), dtype=np.int64)
+    cand = cand[-max_matches:]
+    pos = cand[:, None] + 1 + np.arange(length)
+    rows = np.where(pos < n, seq[np.minimum(pos, n - 1)], PAD)
+    return m, rows
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Trie and best-first subtree
+# ---------------------------------------------------------------------------------------------------------------------
+@dataclass
+class Trie:
+    """All prefixes of a set of weighted continuations (arrays, one entry per node)."""
+
+    tokens: np.ndarray
+    parents: np.ndarray  # index into these arrays, -1 = child of the root
+    depth: np.ndarray  # 1 = child of the root
+    order: np.ndarray  # rank of the node's path in lexicographic order (deterministic tie-break)
+    weight: np.ndarray
+    context_weight: np.ndarray
+    total: float
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+def build_trie(rows: np.ndarray, weights: np.ndarray, context_rows: np.ndarray | None = None) -> Trie:
+    """The weighted prefix trie of `rows` ((R, L), padded with -1 after the end); context_rows marks rows from the
+    request (their weight is also summed separately, for the node's source label)."""
+    R, L = rows.shape if rows.ndim == 2 else (0, 0)
+    empty = np.zeros(0, dtype=np.int64)
+    if R == 0:
+        return Trie(empty, empty, empty, empty, np.zeros(0), np.zeros(0), 0.0)
+    order = np.lexsort(rows.T[::-1])
+    rows = rows[order]
+    w = np.asarray(weights, dtype=np.float64)[order]
+    wc = w * np.asarray(context_rows, dtype=bool)[order] if context_rows is not None else np.zeros(R)
+    lcp = np.zeros(R, dtype=np.int64)
+    if R > 1:
+        lcp[1:] = np.cumprod(rows[1:] == rows[:-1], axis=1).sum(1)
+    cw = np.concatenate([[0.0], np.cumsum(w)])
+    cwc = np.concatenate([[0.0], np.cumsum(wc)])
+    toks, pars, deps, ords, wts, cwts = [], [], [], [], [], []
+    prev_starts, prev_ids = None, None
+    n_nodes = 0
+    for d in range(1, L + 1):
+        starts = np.flatnonzero(lcp < d)
+        ends = np.append(starts[1:], R)
+        tok = rows[starts, d - 1]
+        ok = tok != PAD
+        if not ok.any():
+            break
+        ids = np.full(len(starts), -1, dtype=np.int64)
+        ids[ok] = n_nodes + np.arange(int(ok.sum()))
+        s_ok = starts[ok]
+        if prev_starts is None:
+            par = np.full(len(s_ok), -1, dtype=np.int64)
+        else:
+            par = prev_ids[np.searchsorted(prev_starts, s_ok, "right") - 1]
+        toks.append(tok[ok])
+        pars.append(par)
+        deps.append(np.full(len(s_ok), d))
+        ords.append(s_ok)
+        wts.append(cw[ends[ok]] - cw[s_ok])
+        cwts.append(cwc[ends[ok]] - cwc[s_ok])
+        n_nodes += len(s_ok)
+        prev_starts, prev_ids = starts, ids
+    return Trie(np.concatenate(toks), np.concatenate(pars), np.concatenate(deps), np.concatenate(ords),
+                np.concatenate(wts), np.concatenate(cwts), float(cw[-1]))
+
+
+def select_subtree(trie: Trie, budget: int, min_share: float = 0.0) -> list[int]:
+    """Best-first: node indices by weight (ties: shallower, then lexicographic), each only after its parent, at most
+    `budget`, none with a share of the total weight below `min_share`.  Every prefix of the result is a subtree."""
+    if budget <= 0 or not len(trie):
+        return []
+    keep = np.flatnonzero(trie.weight >= min_share * trie.total - 1e-12) if min_share > 0 else np.arange(len(trie))
+    if not len(keep):
+        return []
+    rank = keep[np.lexsort((trie.order[keep], trie.depth[keep], -trie.weight[keep]))]
+    chosen: list[int] = []
+    taken = set()
+    parents = trie.parents
+    for i in rank.tolist():
+        p = int(parents[i])
+        if p < 0 or p in taken:
+            chosen.append(i)
+            taken.add(i)
+            if len(chosen) >= budget:
+                break
+    return chosen
+
+
+def best_cut(shares: np.ndarray, rel_cost: dict[int, float] | None, confidence: float = 1.0) -> int:
+    """How many of the best-first nodes to send: argmax over n of (1 + confidence * sum(shares[:n])) / cost(n);
+    0 (an AR step) when no tree pays for its verification.  Without a cost curve: all of them."""
+    if rel_cost is None or not len(shares):
+        return len(shares)
+    from ..budget import cost_at
+
+    gain = 1.0 + confidence * np.concatenate([[0.0], np.cumsum(shares)])
+    best, best_rate = 0, 1.0
+    for n in range(1, len(shares) + 1):
+        rate = gain[n] / cost_at(rel_cost, n)
+        if rate > best_rate + 1e-9:
+            best, best_rate = n, rate
+    return best
+
+
+def to_draft_tree(trie: Trie, chosen: list[int]) -> DraftTree:
+    """The chosen nodes as a DraftTree in BFS order (depth, then lexicographic), with per-node sources."""
+    if not chosen:
+        return DraftTree.empty()
+    idx = sorted(chosen, key=lambda i: (int(trie.depth[i]), int(trie.order[i])))
+    pos = {i: k for k, i in enumerate(idx)}
+    return DraftTree(
+        tokens=[int(trie.tokens[i]) for i in idx],
+        parents=[pos[int(trie.parents[i])] if trie.parents[i] >= 0 else -1 for i in idx],
+        sources=["context" if trie.context_weight[i] * 2 > trie.weight[i] else "datastore" for i in idx],
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The drafter
+# ---------------------------------------------------------------------------------------------------------------------
+@dataclass
+class RestDrafter(Drafter):
+    store: Datastore | None = None
+    budget: int = 16
+    max_suffix: int = 16
+    min_suffix: int = 2
+    max_matches: int = 5000
+    length: int = 10  # continuation length
+    use_context: bool = True
+    context_weight: float = 20.0  # weight of one request continuation relative to one datastore continuation
+    context_max_matches: int = 64
+    min_share: float = 0.0
+    confidence: float = 1.0
+    rel_cost: dict[int, float] | None = None  # relative verification cost per tree size; None = no per-step cut
+    name: str = "rest"
+    last: dict = field(default_factory=dict, repr=False)  # what the last step found (for the UI / debugging)
+
+    def propose(self, state: DecodeState) -> DraftTree:
+        tokens = state.tokens
+        parts, weights, is_ctx = [], [], []
+        m_store = m_ctx = 0
+        if self.store is not None:
+            m_store, rows = self.store.retrieve(tokens, self.max_suffix, self.min_suffix, self.max_matches,
+                                                self.length)
+            if len(rows):
+                rows[rows == self.store.sep] = PAD
+                parts.append(rows)
+                weights.append(np.ones(len(rows)))
+                is_ctx.append(np.zeros(len(rows), dtype=bool))
+        if self.use_context:
+            m_ctx, rows = context_matches(tokens, self.max_suffix, self.min_suffix, self.length,
+                                          self.context_max_matches)
+            if len(rows):
+                parts.append(rows)
+                weights.append(np.full(len(rows), float(self.context_weight)))
+                is_ctx.append(np.ones(len(rows), dtype=bool))
+        self.last = {"store_match": m_store, "context_match": m_ctx}
+        if not parts:
+            return DraftTree.empty()
+        trie = build_trie(np.concatenate(parts), np.concatenate(weights), np.concatenate(is_ctx))
+        chosen = select_subtree(trie, self.budget, self.min_share)
+        if self.rel_cost is not None and chosen:
+            shares = trie.weight[chosen] / trie.total
+            chosen = chosen[: best_cut(shares, self.rel_cost, self.confidence)]
+        return to_draft_tree(trie, chosen)
+
+
+def _store_path(target: Target, datastore) -> Path | None:
+    if datastore in (None, "", "default"):
+        return None
+    return Path(datastore).expanduser()
+
+
+def unavailable_reason(target: Target) -> str | None:
+    if target.name == EMBEDDED:
+        return None  # the default datastore is built on first use
+    path = default_dir(target.identity)
+    if (path / "manifest.json").exists():
+        return None
+    return (f"REST needs a datastore for {target.name}: build one from text in its domain with "
+            f"`{build_command(target.name)}` (it is saved where REST looks for it).")
+
+
+def make(target: Target, datastore: str | None = None, budget: int | None = None, max_suffix: int = 16,
+         min_suffix: int = 2, adaptive: bool | None = None, **options) -> RestDrafter:
+    """A REST drafter for `target`.  datastore: a folder, "default" (the model's default store; built on first use
+    for the embedded model) or "none" (request-only retrieval).  budget: max draft nodes per step (default: 64 on a
+    GPU, picked from the measured verification cost on CPU).  adaptive: cut each tree to what its verification cost
+    pays for (default on CPU)."""
+    from .. import budget as budget_mod
+
+    if max_suffix < 1 or min_suffix < 1 or min_suffix > max_suffix:
+        raise ValueError(f"need 1 <= min_suffix <= max_suffix (got {min_suffix}, {max_suffix})")
+    store = None
+    if not (isinstance(datastore, str) and datastore.lower() == "none"):
+        path = _store_path(target, datastore)
+        try:
+            if path is None:
+                path = ensure_default(target)
+            store = open_store(path, target)
+        except DatastoreError as exc:
+            raise DrafterUnavailable(str(exc)) from exc
+    cpu = target.device.type == "cpu"
+    if budget is None:
+        budget = budget_mod.pick_budget(target) if cpu else budget_mod.GPU_BUDGET
+    if adaptive is None:
+        adaptive = cpu
+    rel = budget_mod.relative_cost(budget_mod.verify_cost_curve(target)) if adaptive else None
+    return RestDrafter(store=store, budget=int(budget), max_suffix=int(max_suffix), min_suffix=int(min_suffix),
+                       rel_cost=rel, **options)

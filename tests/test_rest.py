@@ -1,0 +1,248 @@
+"""REST drafter: request retrieval vs brute force, trie / best-first subtree invariants, per-step cut, budget,
+availability messages, and greedy + sampling losslessness on the embedded model."""
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specdemo import budget as B
+from specdemo import datastore as D
+from specdemo.drafters import DrafterUnavailable, make_drafter, unavailable_reason
+from specdemo.drafters import rest as R
+from specdemo.tree import DraftTree, TreeBuffers
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Retrieval from the request
+# ---------------------------------------------------------------------------------------------------------------------
+def brute_context(tokens, max_len, min_len, length):
+    n = len(tokens)
+    for m in range(min(max_len, n - 1), max(min_len, 1) - 1, -1):
+        pat = tokens[-m:]
+        ends = [j for j in range(m - 1, n - 1) if tokens[j - m + 1 : j + 1] == pat]
+        if ends:
+            return m, [tokens[j + 1 : j + 1 + length] for j in ends]
+    return 0, []
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(0, 3), min_size=0, max_size=40), st.integers(1, 16), st.integers(1, 3))
+def test_context_matches_equal_brute_force(tokens, max_len, min_len):
+    m, rows = R.context_matches(tokens, max_len, min_len, length=5, max_matches=1000)
+    bm, conts = brute_context(tokens, max_len, min_len, 5)
+    assert m == bm
+    got = [[t for t in r if t != R.PAD] for r in rows.tolist()]
+    assert got == conts
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Trie and subtree
+# ---------------------------------------------------------------------------------------------------------------------
+rows_strategy = st.lists(st.tuples(st.lists(st.integers(0, 3), min_size=1, max_size=5), st.integers(1, 20),
+                                   st.booleans()), min_size=1, max_size=30)
+
+
+def as_arrays(items, length=5):
+    rows = np.full((len(items), length), R.PAD, dtype=np.int64)
+    for i, (r, _, _) in enumerate(items):
+        rows[i, : len(r)] = r
+    return rows, np.array([w for _, w, _ in items], float), np.array([c for _, _, c in items])
+
+
+def node_paths(trie):
+    paths = []
+    for i in range(len(trie)):
+        path, j = [], i
+        while j >= 0:
+            path.append(int(trie.tokens[j]))
+            j = int(trie.parents[j])
+        paths.append(tuple(path[::-1]))
+    return paths
+
+
+@settings(max_examples=100, deadline=None)
+@given(rows_strategy)
+def test_trie_weights_are_prefix_counts(items):
+    rows, w, ctx = as_arrays(items)
+    trie = R.build_trie(rows, w, ctx)
+    want, want_ctx = defaultdict(float), defaultdict(float)
+    for r, wt, c in items:
+        for d in range(1, len(r) + 1):
+            want[tuple(r[:d])] += wt
+            want_ctx[tuple(r[:d])] += wt * c
+    paths = node_paths(trie)
+    assert sorted(paths) == sorted(want) and len(set(paths)) == len(paths)
+    for i, p in enumerate(paths):
+        assert trie.weight[i] == pytest.approx(want[p])
+        assert trie.context_weight[i] == pytest.approx(want_ctx[p])
+        assert trie.depth[i] == len(p)
+    assert trie.total == pytest.approx(w.sum())
+
+
+@settings(max_examples=100, deadline=None)
+@given(rows_strategy, st.integers(0, 12), st.sampled_from([0.0, 0.05, 0.3]), st.randoms())
+def test_best_first_subtree_invariants(items, budget, min_share, rnd):
+    rows, w, ctx = as_arrays(items)
+    trie = R.build_trie(rows, w, ctx)
+    chosen = R.select_subtree(trie, budget, min_share)
+    assert len(chosen) <= budget and len(set(chosen)) == len(chosen)
+    seen = set()
+    for i in chosen:  # every prefix is a subtree: the parent comes first
+        assert trie.parents[i] < 0 or int(trie.parents[i]) in seen
+        assert trie.weight[i] >= min_share * trie.total - 1e-9
+        seen.add(i)
+    # best-first: no node left out whose parent is in (or is the root) weighs more than the lightest chosen one
+    if chosen and len(chosen) == budget:
+        lightest = min(trie.weight[i] for i in chosen)
+        for j in range(len(trie)):
+            if j not in seen and (trie.parents[j] < 0 or int(trie.parents[j]) in seen):
+                assert trie.weight[j] <= lightest + 1e-9
+    # deterministic: the same draft whatever the order of the retrieved rows
+    perm = list(range(len(items)))
+    rnd.shuffle(perm)
+    trie2 = R.build_trie(rows[perm], w[perm], ctx[perm])
+    t1 = R.to_draft_tree(trie, chosen)
+    t2 = R.to_draft_tree(trie2, R.select_subtree(trie2, budget, min_share))
+    assert (t1.tokens, t1.parents, t1.sources) == (t2.tokens, t2.parents, t2.sources)
+    # a valid engine tree whose root-to-node paths are retrieved prefixes
+    TreeBuffers.build(t1, 10)
+    paths = set(node_paths(trie))
+    for k in range(len(t1)):
+        assert tuple(t1.tokens[j] for j in t1.path_to(k)) in paths
+
+
+def test_sources_and_weights_merge_store_and_context():
+    rows = np.array([[5, 6, R.PAD], [5, 7, R.PAD], [5, 7, R.PAD], [8, 9, 9]])
+    trie = R.build_trie(rows, np.array([1.0, 1.0, 1.0, 20.0]), np.array([False, False, False, True]))
+    tree = R.to_draft_tree(trie, R.select_subtree(trie, 10))
+    assert tree.tokens[:2] == [5, 8] or tree.tokens[:2] == [8, 5]
+    src = dict(zip(tree.tokens, tree.sources))
+    assert src[8] == "context" and src[5] == "datastore" and src[9] == "context"
+    assert R.select_subtree(trie, 2) == [int(np.flatnonzero(trie.tokens == 8)[0]),
+                                         int(np.flatnonzero((trie.tokens == 9) & (trie.depth == 2))[0])]
+
+
+def test_best_cut_pays_for_verification():
+    rel = {0: 1.0, 1: 1.5, 2: 1.55, 4: 1.6, 8: 1.65, 16: 1.7, 32: 2.1, 64: 3.0}
+    assert R.best_cut(np.array([0.1, 0.05, 0.05]), rel) == 0  # not worth a 1.5x forward
+    assert R.best_cut(np.array([0.9, 0.8, 0.7, 0.01]), rel) == 3
+    assert R.best_cut(np.array([0.9] * 40), rel) == 40
+    assert R.best_cut(np.array([0.1, 0.05]), None) == 2
+    assert B.cost_at(rel, 3) == pytest.approx(1.575) and B.cost_at(rel, 128) == pytest.approx(4.8)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The drafter on a tiny datastore
+# ---------------------------------------------------------------------------------------------------------------------
+class FakeTarget:
+    def __init__(self, name="some/model", device="cpu", identity="Toy-8-000000000000"):
+        self.name, self.device, self.identity = name, torch.device(device), identity
+
+
+def test_drafter_proposes_store_and_context_continuations(tmp_path):
+    from specdemo.engine import DecodeState
+    from specdemo.sampling import SamplingConfig
+
+    tok = type("T", (), {"__len__": lambda s: 50, "get_vocab": lambda s: {str(i): i for i in range(50)}})()
+    D.build(tmp_path / "s", tok, token_docs=[[1, 2, 3, 4, 5, 6]] * 3 + [[1, 2, 3, 9]], progress=False)
+    store = D.Datastore(tmp_path / "s", vocab_size=50)
+    drafter = R.RestDrafter(store=store, budget=8, context_weight=20.0)
+    state = DecodeState([40, 41, 42, 43, 7, 1, 2, 3], 3, 64, SamplingConfig(), None)
+    tree = drafter.propose(state)
+    assert tree.tokens[0] == 4 and tree.sources[0] == "datastore" and drafter.last["store_match"] == 3
+    chain = [tree.tokens[j] for j in tree.path_to(len(tree) - 1)]
+    assert chain == [4, 5, 6] and 9 in tree.tokens
+    # the request itself: "42 43" occurred earlier, followed by 7 1 2 3 ...: copied with the context label
+    state = DecodeState([40, 41, 42, 43, 7, 1, 2, 3, 42, 43], 3, 64, SamplingConfig(), None)
+    tree = drafter.propose(state)
+    assert tree.tokens[:1] == [7] and tree.sources[0] == "context"
+    assert [tree.tokens[j] for j in tree.path_to(len(tree) - 1)][:4] == [7, 1, 2, 3]
+    assert R.RestDrafter(store=store, budget=0).propose(state) == DraftTree.empty()
+
+
+def test_unavailable_reason_and_errors_name_the_command(tmp_path):
+    other = FakeTarget()
+    reason = R.unavailable_reason(other)
+    assert reason and "python -m specdemo datastore build --model some/model --input" in reason
+    with pytest.raises(DrafterUnavailable, match="datastore build --model some/model"):
+        R.make(other, budget=4, adaptive=False)
+    with pytest.raises(DrafterUnavailable, match="No datastore.*datastore build"):
+        R.make(other, datastore=str(tmp_path / "missing"), budget=4, adaptive=False)
+    assert R.make(other, datastore="none", budget=4, adaptive=False).store is None
+    assert B.pick_budget(FakeTarget(device="cuda")) == 64
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# On the embedded model
+# ---------------------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def target():
+    from specdemo.models import load_target
+
+    return load_target()
+
+
+@pytest.fixture(scope="module")
+def tiny_store(target, tmp_path_factory):
+    out = tmp_path_factory.mktemp("rest") / "store"
+    files = sorted(D.stdlib_dir().glob("*.py"))[:25]
+    docs, _ = D.selfdistill_docs(__import__("specdemo.corpus", fromlist=["x"]).SELFDISTILL_PATH, target.identity)
+    D.build_from_paths(out, target.tokenizer, files, progress=False, token_docs=docs[:200])
+    return out
+
+
+PROMPTS = [
+    "Complete this Python function:\n```python\ndef add_all(values):\n    \"\"\"Return the sum of values.\"\"\"\n```",
+    "Explain what a Python dictionary is, with an example.",
+]
+
+
+@pytest.mark.slow
+def test_rest_is_lossless_greedy(target, tiny_store):
+    from specdemo.engine import GenerationConfig, run_to_end
+
+    for prompt in PROMPTS:
+        ids = target.encode_prompt(prompt)
+        cfg = GenerationConfig(max_new_tokens=48)
+        ar, _ = run_to_end(target, ids, None, cfg)
+        drafter = make_drafter("rest", target, datastore=str(tiny_store), budget=16, adaptive=False)
+        got, events = run_to_end(target, ids, drafter, cfg)
+        assert got == ar
+        assert any(e.tree_size for e in events) and sum(e.accepted for e in events) > 0
+        assert len(events) < len(ar)
+        for e in events:
+            assert e.tree_size <= 16 and (not e.tree.sources or set(e.tree.sources) <= {"datastore", "context"})
+
+
+@pytest.mark.slow
+def test_rest_is_lossless_sampling(target, tiny_store):
+    from specdemo.engine import GenerationConfig, run_to_end
+    from specdemo.sampling import SamplingConfig
+
+    ids = target.encode_prompt(PROMPTS[0])
+    for seed in (1, 2):
+        cfg = GenerationConfig(max_new_tokens=48, sampling=SamplingConfig(temperature=0.8, top_p=0.95, seed=seed))
+        ar, _ = run_to_end(target, ids, None, cfg)
+        drafter = make_drafter("rest", target, datastore=str(tiny_store), budget=16, adaptive=False)
+        got, events = run_to_end(target, ids, drafter, cfg)
+        assert got == ar
+        assert any(e.tree_size for e in events)
+
+
+@pytest.mark.slow
+def test_cost_curve_and_budget_on_cpu(target):
+    curve = B.verify_cost_curve(target, sizes=(0, 4, 16), repeats=1)
+    assert set(curve) == {0, 4, 16} and all(v > 0 for v in curve.values())
+    assert B.verify_cost_curve(target, sizes=(0, 4, 16), repeats=1) == curve  # cached per model + device
+    rel = B.relative_cost(curve)
+    assert rel[0] == 1.0 and rel[4] <= rel[16]
+    budget = B.pick_budget(target, {4: 1.6, 16: 1.85}, sizes=(0, 4, 16))
+    assert budget in (0, 4, 16)
+    assert B.pick_budget(target, {4: 10.0, 16: 10.5}, sizes=(0, 4, 16)) in (4, 16)  # a great drafter always drafts
+    assert B.pick_budget(target, {4: 1.0, 16: 1.0}, sizes=(0, 4, 16)) == 0  # a useless one never does
