@@ -34,7 +34,8 @@ def _train_cmd(target) -> str:
 class SDSATDrafter(Drafter):
     name = "sdsat"
 
-    def __init__(self, target, adapter, k: int = 4, loop: str = "fused", branching=None, chains: int = -1):
+    def __init__(self, target, adapter, k: int = 4, loop: str = "fused", branching=None, chains: int = -1,
+                 lookup: int = 0):
         if loop not in ("fused", "paper"):
             raise ValueError(f"loop must be 'fused' or 'paper', got {loop!r}")
         self.target, self.adapter, self.k, self.loop = target, adapter, int(k), loop
@@ -42,6 +43,7 @@ class SDSATDrafter(Drafter):
             branching = [int(x) for x in branching.replace("x", ",").split(",") if x.strip()]
         self.branching = list(branching) if branching else [1] * self.k
         self.branching = (self.branching + [1] * self.k)[: self.k]
+        self.lookup = int(lookup)  # > 0: also merge a prompt-lookup chain of this many tokens (off by default)
         self.chains = chains  # probe chains under at most this many main-path draft nodes (-1 = all)
         self.reset_stats()
         self._pending: list[list[int]] | None = None
@@ -74,6 +76,8 @@ class SDSATDrafter(Drafter):
                         main_path.append(len(tokens) - 1)
                     nxt.append(len(tokens) - 1)
             frontier = nxt
+        if self.lookup and (self.loop == "fused" or ranked):
+            self._merge_lookup(state, tokens, parents, sources, probe)
         if self.loop == "fused" or not ranked:
             origins = [-1] + (main_path if self.loop == "fused" else [])
             if self.chains >= 0:
@@ -88,6 +92,21 @@ class SDSATDrafter(Drafter):
                     parent = len(tokens) - 1
         self._pending = None
         return DraftTree(tokens, parents, sources, probe)
+
+    def _merge_lookup(self, state, tokens, parents, sources, probe) -> None:
+        """Option `lookup`: merge a prompt-lookup chain (drafters/pld.py) into the draft tree as a trie branch."""
+        from .pld import lookup
+
+        parent = -1
+        for tok in lookup(state.tokens, self.lookup):
+            hit = next((i for i, (t, p) in enumerate(zip(tokens, parents)) if p == parent and t == tok), None)
+            if hit is None:
+                tokens.append(tok)
+                parents.append(parent)
+                sources.append("context")
+                probe.append(False)
+                hit = len(tokens) - 1
+            parent = hit
 
     @contextmanager
     def verify_context(self, tree: DraftTree, buffers: TreeBuffers):
@@ -180,7 +199,7 @@ def _chains(tree: DraftTree) -> dict[int, list[int]]:
     return out
 
 
-def make(target, adapter=None, k: int = 4, loop: str = "fused", branching=None, chains: int = -1,
+def make(target, adapter=None, k: int = 4, loop: str = "fused", branching=None, chains: int = -1, lookup: int = 0,
          **options) -> SDSATDrafter:
     from ..sdsat import AdapterError, default_artifact_dir, load_adapter
 
@@ -188,7 +207,8 @@ def make(target, adapter=None, k: int = 4, loop: str = "fused", branching=None, 
         raise DrafterUnavailable("model_verifies=True (published full fine-tunes such as ainergy/CodeLlama-SDSAT_L5_7B "
                                  "verifying with themselves) is not implemented in this build.")
     if options:
-        raise ValueError(f"unknown SDSAT options: {', '.join(options)} (known: adapter, k, loop, branching, chains)")
+        raise ValueError(f"unknown SDSAT options: {', '.join(options)} "
+                         "(known: adapter, k, loop, branching, chains, lookup)")
     spec = adapter or default_artifact_dir(target)
     if isinstance(spec, (str,)) or hasattr(spec, "exists"):
         try:
@@ -200,7 +220,7 @@ def make(target, adapter=None, k: int = 4, loop: str = "fused", branching=None, 
             raise DrafterUnavailable(f"{exc} Create one with `{_train_cmd(target)}`.") from exc
     else:
         ad = spec  # an SDSATAdapter object (tests)
-    return SDSATDrafter(target, ad, k=k, loop=loop, branching=branching, chains=chains)
+    return SDSATDrafter(target, ad, k=k, loop=loop, branching=branching, chains=chains, lookup=lookup)
 
 
 def unavailable_reason(target) -> str | None:
