@@ -1,0 +1,234 @@
+"""The demo: rendering (no model), the race loop in-process, and the launched app through gradio_client."""
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+
+from specdemo.drafters import unavailable_reason
+from specdemo.engine import StepEvent
+from specdemo.race import TextBuilder, summarize
+from specdemo.tree import DraftTree
+from specdemo.ui import (KNOBS, MODEL_WORK, QUEUE_SIZE, RaceRecord, RaceRequest, _options, explain_step, on_generate,
+                         pane_html, plots, record_json, run_race, show_step, spans_html, summary_html, tree_html)
+
+SHORT = "Say hi."  # in-process loop tests: a short prompt keeps the prefill cheap
+PROMPT = ("Summarise this paragraph in one sentence:\nThe Eiffel Tower is a wrought-iron lattice tower on the Champ de "
+          "Mars in Paris, France. It is named after the engineer Gustave Eiffel, whose company designed and built it.")
+
+
+
+@pytest.fixture(autouse=True, scope="module")
+def shared_model(embedded):
+    """The app uses the session's embedded model instead of loading a second copy."""
+    from specdemo.ui import MODELS
+
+    MODELS.put("embedded", embedded)
+
+
+# ------------------------------------------------------------------------------------------ rendering, no model
+
+VOCAB = {1: "Hi", 2: " <b>", 3: "&", 4: "\n", 5: "  x", 6: " y", 7: " z", 8: " q", 9: "!"}
+
+
+def fake_record() -> RaceRecord:
+    """Two spec steps: step 0 drafts a tree (accepts 2 of it, then the target disagrees), step 1 drafts nothing."""
+    decode = lambda ids: "".join(VOCAB[i] for i in ids)  # noqa: E731
+    rec = RaceRecord(RaceRequest("p", "pld", max_new_tokens=8))
+    rec.token_text = dict(VOCAB)
+    rec.prompt_tail = [9]
+    tree = DraftTree([2, 3, 6, 8], [-1, 0, 1, -1], ["context"] * 4)  # chain 2→3→6 and a sibling 8
+    spec = [StepEvent(0, [2, 3, 4], [True, True, False], ["context", "context", None], tree, [0, 1], 0.001, 0.05, 5, 3),
+            StepEvent(1, [5], [False], [None], DraftTree.empty(), [], 0.0, 0.04, 8, 4, "length")]
+    ar = [StepEvent(i, [t], [False], [None], DraftTree.empty(), [], 0.0, 0.04, 5 + i, i + 1,
+                    "length" if i == 3 else None) for i, t in enumerate([2, 3, 4, 5])]
+    for key, events in (("ar", ar), ("spec", spec)):
+        tb = TextBuilder(decode)
+        for ev in events:
+            rec.runs[key].add(ev)
+            tb.add(ev.tokens, ev.step, ev.from_draft, ev.sources)
+        rec.pieces[key], rec.texts[key] = tb.pieces, tb.text
+    rec.summary = summarize(rec.runs["ar"], rec.runs["spec"])
+    rec.status = "done"
+    return rec
+
+
+def test_spans_are_escaped_shaded_per_step_and_keep_whitespace():
+    rec = fake_record()
+    html = spans_html(rec, "spec")
+    assert "<b>" not in html and "&lt;b&gt;" in html and "&amp;" in html
+    assert 'class="sd-acc sd-s0"' in html and 'class="sd-own"' in html
+    assert "accepted 2 of 4 drafted · source: context" in html
+    assert "\n" in html and "  x" in html  # newlines and indentation are kept (the pane is white-space: pre-wrap)
+    assert "nothing was drafted" in html  # step 2's token came from the target alone
+    ar = spans_html(rec, "ar")
+    assert "sd-acc" not in ar and "&lt;b&gt;" in ar
+
+
+def test_panes_and_summary():
+    rec = fake_record()
+    assert "Press Generate" in pane_html(None, "ar")
+    spec = pane_html(rec, "spec")
+    assert "<b>4</b> tokens" in spec and "<b>2</b> forwards" in spec and "Prompt lookup" in spec
+    s = summary_html(rec)
+    # speedup (4 / 0.091 s) / (4 / 0.16 s), τ 4 tokens / 2 forwards
+    assert "identical" in s and "1.76×" in s and ">2.00<" in s and 'data-status="done"' in s
+    assert "Forwards saved" in s and "4 → 2" in s
+
+
+def test_tree_view_marks_accepted_rejected_and_the_targets_token():
+    rec = fake_record()
+    html = tree_html(rec, 0)
+    assert html.count("sd-n-acc") == 3  # two accepted nodes + the legend
+    assert "sd-n-rej" in html and "␣y" in html  # the drafted " y" the target rejected (whitespace made visible)
+    assert "★ ↵" in html  # the target's own token, a newline
+    assert "sd-n-root" in html and ">!<" in html  # the tree hangs off the prompt's last token
+    assert "&lt;b&gt;" in html
+    text = explain_step(rec, 0)
+    assert "proposed 4 tokens" in text and "2 branches" in text and "first 2" in text and "3 tokens for one" in text
+    assert "had no guess" in explain_step(rec, 1) and "max-new-tokens" in explain_step(rec, 1)
+    tree, expl, so_far = show_step(rec, 99)  # clamped to the last step
+    assert "Step 2 of 2" in expl and "sd-now" in so_far
+
+
+def test_export_has_spec_bench_fields():
+    data = record_json(fake_record())
+    for method in ("ar", "pld"):
+        run = data["runs"][method]
+        assert {"new_tokens", "wall_time", "accept_lengths", "decoding_steps", "text"} <= set(run)
+    assert data["runs"]["pld"]["accept_lengths"] == [3, 1] and data["runs"]["ar"]["new_tokens"] == 4
+    assert data["summary"]["identical"] and data["settings"]["max_new_tokens"] == 8 and data["method"] == "pld"
+
+
+def test_plot_frames_have_fixed_types():
+    curve, hist, times = plots(fake_record())
+    assert set(curve["run"]) == {"autoregressive", "speculative"} and curve["compute (s)"].dtype.kind == "f"
+    assert list(hist["tokens per step"]) == ["1", "3"] and list(hist["steps"]) == [1, 1]
+    assert len(times) == 4 and set(times["phase"]) == {"draft", "verify"}
+    empty = plots(None)  # every colour category is there from the start (Gradio fixes them on first draw)
+    assert set(empty[0]["run"]) == {"autoregressive", "speculative"} and set(empty[2]["phase"]) == {"draft", "verify"}
+
+
+def test_knobs_become_drafter_options():
+    values = tuple(k.value for k in KNOBS)
+    assert _options("pld", values) == {"num_tokens": 10, "max_ngram": 3}
+    assert _options("rest", values) == {"max_suffix": 16}  # budget 0 = leave REST's own (cost-based) default
+    assert _options("s4c", tuple(0 if k.option == "budget" else k.value for k in KNOBS))["budget"] == "auto"
+
+
+# --------------------------------------------------------------------------------------------- the race loop
+
+def test_run_race_streams_and_stops_within_one_step(embedded):
+    stop = threading.Event()
+    seen = []
+    for rec in run_race(RaceRequest(SHORT, "pld", max_new_tokens=16), stop):
+        seen.append((rec.status, sum(r.forwards for r in rec.runs.values())))
+        if rec.status == "running" and seen[-1][1] == 2:
+            stop.set()
+    assert seen[-1][0] == "stopped" and seen[-1][1] <= 3  # at most one more step ran after Stop
+    assert "Stopped" in rec.message
+
+
+def test_page_handler_streams_panes_and_ends_with_a_record(embedded):
+    outs = list(on_generate("embedded", "pld", SHORT, 8, 0.0, 1.0, 0, 0, *(k.value for k in KNOBS)))
+    assert len(outs) > 3
+    final = outs[-1]
+    assert "racing" in outs[2][0] or "racing" in outs[2][1]
+    rec = final[7]
+    assert isinstance(rec, RaceRecord) and rec.status == "done" and rec.summary.identical
+    assert "sd-pane-spec" in final[1] and 'data-status="done"' in final[2]
+
+
+# ------------------------------------------------------------------------------------- the app, over HTTP
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def app(embedded):
+    from specdemo.ui import build_demo, launch_kwargs
+
+    demo = build_demo()
+    _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=free_port(), quiet=True,
+                            **launch_kwargs())
+    yield demo, url
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def client(app):
+    from gradio_client import Client
+
+    return Client(app[1], verbose=False)
+
+
+def test_queue_serialises_model_work(app):
+    demo, _ = app
+    assert demo._queue.max_size == QUEUE_SIZE
+    deps = {d.api_name: d for d in demo.fns.values()}
+    for name in ("race", "generate"):
+        assert deps[name].concurrency_id == MODEL_WORK and deps[name].concurrency_limit == 1
+
+
+@pytest.mark.parametrize("args, expect", [
+    (("", "pld"), "prompt is empty"),
+    (("x" * 20_000, "pld"), "characters"),
+    (("Hello", "pld", "no-such-org/no-such-model-xyz"), "Cannot load model"),
+    (("Hello", "medusa"), "Unknown mode"),
+])
+def test_errors_come_back_as_messages(client, args, expect):
+    out = client.predict(*args, api_name="/race")
+    assert out["status"] == "error" and expect in out["message"]
+
+
+def test_missing_artifact_is_a_message(client, embedded):
+    missing = next((m for m in ("s4c", "sdsat", "rest") if unavailable_reason(m, embedded)), None)
+    if missing is None:
+        pytest.skip("every mode has its artifact on this machine")
+    out = client.predict("Hello", missing, api_name="/race")
+    assert out["status"] == "error" and "unavailable" in out["message"]
+
+
+def test_race_api_streams_a_greedy_prompt_lookup_run(client):
+    job = client.submit(PROMPT, "pld", "embedded", 32, 0.0, 1.0, 0, 0, {"num_tokens": 10}, api_name="/race")
+    updates = list(job)
+    running = [u for u in updates if u["status"] == "running"]
+    assert len(running) >= 2, "partial results must stream"
+    assert any(0 < u["spec"]["new_tokens"] < updates[-1]["spec"]["new_tokens"] for u in running)
+    final = updates[-1]
+    assert final["status"] == "done", final["message"]
+    s = final["summary"]
+    assert s["identical"] and s["complete"] and s["tau"] > 1.0 and s["speedup"] > 0
+    assert final["ar"]["text"] == final["spec"]["text"] and final["spec"]["new_tokens"] > 0
+    spans = final["spec"]["spans"]
+    assert any(sp["accepted_draft"] and sp["source"] == "context" for sp in spans), "accepted drafts are marked"
+    assert "".join(sp["text"] for sp in spans) == final["spec"]["text"]
+    run = final["run"]
+    assert set(run["runs"]) == {"ar", "pld"}
+    assert {"new_tokens", "wall_time", "accept_lengths"} <= set(run["runs"]["pld"])
+    assert run["settings"]["options"] == {"num_tokens": 10}
+
+
+def test_bench_tab_formats_run_bench_results(monkeypatch, embedded):
+    import specdemo.bench as bench
+    from specdemo.ui import on_bench
+
+    def fake_run_bench(target, methods, prompts, max_new_tokens, sampling=None, options=None, progress=None,
+                       warmup=True):
+        assert methods == ["pld"] and [p["id"] for p in prompts] == ["Code"] and max_new_tokens == 16
+        progress(0, 2, "Code", "ar")
+        row = lambda tps, sp, tau: {"tokens_per_s": tps, "speedup": sp, "tau": tau, "identical": 1.0,  # noqa: E731
+                                    "draft_ms": 0.1, "verify_ms": 60.0, "per_prompt": []}
+        return {"device": "cpu", "model": target.name,
+                "methods": {"ar": row(10.0, 1.0, 1.0), "pld": row(15.0, 1.5, 2.5)}}
+
+    monkeypatch.setattr(bench, "run_bench", fake_run_bench)
+    table, bars, note, download = on_bench("embedded", ["pld"], ["Code"], 16, progress=lambda *a, **k: None)
+    assert list(table["method"]) == ["Autoregressive", "Prompt lookup"] and list(table["identical"]) == ["100%", "100%"]
+    assert "1.50×" in bars and "Speedup" in bars and "1 prompts" in note
+    table, bars, note, download = on_bench("embedded", [], ["Code"], 16, progress=lambda *a, **k: None)
+    assert "at least one method" in note and len(table) == 0
