@@ -50,7 +50,7 @@ def main(argv=None) -> int:
         new = steps = nodes = 0
         identical = 0
         reached, accepted, n_steps = None, None, 0
-        for ids, ref in zip(encoded, refs):
+        for done, (ids, ref) in enumerate(zip(encoded, refs), 1):
             dr = make_drafter("s4c", target, **opts)
             toks, events = run_to_end(target, ids, dr, cfg)
             identical += ref is None or toks == ref
@@ -61,6 +61,8 @@ def main(argv=None) -> int:
             reached = st["reached"] if reached is None else [a + b for a, b in zip(reached, st["reached"])]
             accepted = st["accepted"] if accepted is None else [a + b for a, b in zip(accepted, st["accepted"])]
             n_steps += st["steps"]
+            print(f"  {kind}: {done}/{len(encoded)} prompts done, tau so far {new / steps:.3f} ({new}/{steps})",
+                  flush=True)
         cond, prev = [], n_steps
         for a in accepted:
             cond.append(round(a / prev, 3) if prev else 0.0)

@@ -37,8 +37,10 @@ Training (§3.1.2) -- `python -m specdemo train s4c`
 -----------------
 Unrolled over the three heads with teacher-forced target features computed ONCE (one target forward per sequence,
 cached fp16 under `cache_root()/s4c-features`).  Per head h and position t (predicting an answer token):
-    L_h = w_ce * CE(lm(g_{h,t}), x_{t+h+1}) + w_soft * CE(lm(g_{h,t}), softmax(lm(f_{t+h}))) + w_l1 * SmoothL1(g_{h,t}, f_{t+h})
-and L = sum_h head_weight_h * L_h.  The paper's weights were lost in the text we have; we use w_ce = 0.1, w_soft = 1.0,
+    L_h = w_ce * CE(lm(g_{h,t}), y_{t+h+1}) + w_soft * CE(lm(g_{h,t}), softmax(lm(f_{t+h}))) + w_l1 * SmoothL1(g_{h,t}, f_{t+h})
+and L = sum_h head_weight_h * L_h, where y_{t+h+1} = argmax lm(f_{t+h}) is the target's own greedy token (on the
+self-distilled answers that is the next token itself; on extra text such as stdlib code it is what the target would
+have said), and lm() scores the draft vocabulary.  The paper's weights were lost in the text we have; we use w_ce = 0.1, w_soft = 1.0,
 w_l1 = 1.0 (EAGLE's 1.0 feature / 0.1 token split, plus the soft-CE that directly trains greedy agreement) and head
 weights 1.0 / 0.8 / 0.6 (deeper heads matter less: acceptance is multiplicative).  Gradients flow from later heads
 into earlier ones through g.
@@ -171,6 +173,7 @@ def save_heads(heads: S4CHeads, out: Path, extra: dict | None = None) -> None:
     cfg.update(extra or {})
     tmp = out / "model.safetensors.tmp"
     save_file(heads.artifact_state(), str(tmp), metadata={"format": FORMAT})
+    os.chmod(tmp, 0o644)
     os.replace(tmp, out / "model.safetensors")
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
 
@@ -417,7 +420,8 @@ def train(args) -> int:
         log_f.write(line + "\n")
         log_f.flush()
 
-    log(f"command: {' '.join(sys.argv)}")
+    command = " ".join(["python -m specdemo"] + sys.argv[1:]) if sys.argv[0].endswith("__main__.py") else " ".join(sys.argv)
+    log(f"command: {command}")
     t_begin = time.time()
     deadline = t_begin + args.minutes * 60 if args.minutes else None
     target = load_target(args.model, device=args.device)
@@ -469,7 +473,7 @@ def train(args) -> int:
             p = max(p, min(1.0, (time.time() - t_begin) / (deadline - t_begin)))
         return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
 
-    extra = lambda: {"training": {"command": " ".join(sys.argv), "step": step, "records": len(records),  # noqa: E731
+    extra = lambda: {"training": {"command": command, "step": step, "records": len(records),  # noqa: E731
                                   "answer_tokens": n_tok, "loss_weights": args.loss_weights, "seed": args.seed}}
 
     def checkpoint(final: bool = False) -> None:

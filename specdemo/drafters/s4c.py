@@ -250,16 +250,21 @@ def make(target: Target, heads: str | None = None, tree: str = "s4c", budget: in
         raise DrafterUnavailable(str(exc)) from exc
     if budget == "auto":
         budget = _auto_budget(target)
+        topk = max(int(topk), -(-budget // (2 * loaded.n_heads - 1)))  # an s4c tree holds (2H - 1) * topk nodes
     return S4CDrafter(target, loaded, tree=str(tree), budget=int(budget), topk=int(topk))
 
 
-def _auto_budget(target: Target) -> int:
-    try:
-        from .. import budget as b
+# tau of the s4c tree by node budget on the embedded model with the shipped heads (scripts/s4c_tau.py, greedy)
+EXPECTED_TAU = {1: 1.45, 3: 1.75, 6: 2.0, 9: 2.15, 12: 2.25, 15: 2.3}
 
-        return int(b.pick_budget(b.verify_cost_curve(target, [1, 4, 8, 12, 16, 24])))
-    except Exception:
-        return 15
+
+def _auto_budget(target: Target) -> int:
+    """The node budget from this machine's measured verification cost curve (specdemo.budget); 64 on GPUs."""
+    from .. import budget as b
+
+    if target.device.type != "cpu":
+        return b.GPU_BUDGET
+    return max(3, int(b.pick_budget(target, EXPECTED_TAU, sizes=(0, 1, 2, 4, 8, 12, 16))))
 
 
 _CACHE: dict[tuple[int, str], S4CHeads] = {}
