@@ -506,8 +506,8 @@ def tree_html(rec: RaceRecord, k: int) -> str:
     children: dict[int, list] = {}
     for i, p in enumerate(tree.parents):
         children.setdefault(p, []).append(i)
-    if own is not None:
-        children.setdefault(stop_at, []).append(OWN)
+    if own is not None:  # first among its siblings: the target's choice, then the drafts it rejected
+        children.setdefault(stop_at, []).insert(0, OWN)
 
     def label(tok: int | None) -> str:
         return "" if tok is None else _esc(_visible(tt.get(tok, f"#{tok}")))
@@ -531,7 +531,9 @@ def tree_html(rec: RaceRecord, k: int) -> str:
             item = kids[0]
             line.append(chip(item))
             kids = children.get(item, []) if item != OWN else []
-        sub = "<ul>" + "".join(f"<li>{branch(c)}</li>" for c in kids) + "</ul>" if kids else ""
+        leaves = all(c == OWN or not children.get(c) for c in kids)  # a row of leaves wraps instead of stacking
+        sub = (f'<ul{" class=sd-leaves" if leaves else ""}>' + "".join(f"<li>{branch(c)}</li>" for c in kids)
+               + "</ul>" if kids else "")
         return '<span class="sd-arrow">→</span>'.join(line) + sub
 
     legend = ('<div class="sd-tree-legend"><span class="sd-node sd-n-root">root</span>'
@@ -563,22 +565,27 @@ def explain_step(rec: RaceRecord, k: int) -> str:
                      "in **one** forward pass.")
         if a:
             parts.append(f"It agreed with the first {a}: {q(ev.tokens[:a])}.")
-        else:
+        elif leaves == 1:
             parts.append("It disagreed with the very first drafted token.")
+        else:
+            parts.append("None of the branches started with the token it wanted.")
         if own is not None:
             stop_at = ev.accepted_nodes[-1] if ev.accepted_nodes else -1
             rejected = [ev.tree.tokens[i] for i, p in enumerate(ev.tree.parents)
                         if p == stop_at and not ev.tree.is_probe(i)]
             if rejected:
-                parts.append(f"At the next position the target wanted {q([own])} where the draft said "
+                parts.append(f"At the {'next' if a else 'first'} position the target wanted {q([own])} where the "
+                             "draft said "
                              + " or ".join(q([t]) for t in rejected[:3])
                              + ", so the rest of the draft was dropped and the target's own token was kept.")
             else:
                 parts.append(f"The draft ended there, and the same forward pass also gave the next token, {q([own])}, "
                              "for free.")
-    if d:
-        parts.append(f"This step added **{n} token{'s' if n != 1 else ''} for one forward pass**; plain decoding needs "
-                     f"{n}.")
+    if d and n > 1:
+        parts.append(f"This step added **{n} tokens for one forward pass**; plain decoding needs {n}.")
+    elif d:
+        parts.append("This step added one token, as a plain step would: the draft cost a little time and saved "
+                     "nothing.")
     parts.append(timing)
     if ev.finish_reason:
         why = {"eos": "the model ended its answer", "length": "the max-new-tokens limit was reached",
@@ -664,6 +671,11 @@ def on_generate(model: str, method: str, prompt: str, max_new_tokens: float, tem
             )
     finally:
         _STOPS.pop(_session(request), None)
+
+
+def generate_event(request: gr.Request, *inputs):
+    """on_generate as an event: Gradio injects the request only into a parameter it can see by position."""
+    yield from on_generate(*inputs, request=request)
 
 
 def on_stop(request: gr.Request | None = None) -> None:
@@ -904,9 +916,9 @@ def build_demo(default_model: str = EMBEDDED) -> gr.Blocks:
         gen_outputs = [ar_pane, spec_pane, summary, message, curve_plot, hist_plot, time_plot, record_state, step,
                        tree_view, explanation, step_text, export_btn]
         gen_inputs = [model, mode, prompt, max_new, temperature, top_p, top_k, seed, *knob_inputs]
-        run_event = gen_btn.click(on_generate, gen_inputs, gen_outputs, api_visibility="undocumented",
+        run_event = gen_btn.click(generate_event, gen_inputs, gen_outputs, api_visibility="undocumented",
                                   api_name="generate", **model_work)
-        submit_event = prompt.submit(on_generate, gen_inputs, gen_outputs, api_visibility="private", **model_work)
+        submit_event = prompt.submit(generate_event, gen_inputs, gen_outputs, api_visibility="private", **model_work)
         for event in (run_event, submit_event):  # redraw the plots once more: Gradio shows a re-embedded plot one
             event.then(refresh_plots, [record_state], [curve_plot, hist_plot, time_plot],  # update late
                        api_visibility="private", queue=False)

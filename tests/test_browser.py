@@ -88,3 +88,16 @@ def test_step_by_step_in_the_browser(page):
     page.wait_for_selector("#sd-explain :text('Step 2 of')", timeout=15_000)
     assert page.locator(".sd-tree > ul .sd-n-root").count() == 1
     assert page.locator(".sd-tree .sd-n-acc, .sd-tree .sd-n-own").count() >= 1
+
+
+def test_stop_ends_the_race_within_a_step(page):
+    page.get_by_role("button", name="Writing").click()  # an example with a long answer
+    page.locator("#sd-settings .label-wrap").first.click()
+    tokens = page.get_by_label("number input for Max new tokens")
+    tokens.fill("300")  # far more than can finish between the first step and the click
+    tokens.press("Enter")
+    page.locator("#sd-generate").click()
+    page.wait_for_selector('#sd-summary [data-status="running"]', timeout=60_000)
+    page.locator("#sd-stop").click()
+    page.wait_for_selector('#sd-summary [data-status="stopped"]', timeout=15_000)
+    assert "Stopped" in page.locator("#sd-message").inner_text()

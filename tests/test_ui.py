@@ -6,7 +6,6 @@ import threading
 
 import pytest
 
-from specdemo.drafters import unavailable_reason
 from specdemo.engine import StepEvent
 from specdemo.race import TextBuilder, summarize
 from specdemo.tree import DraftTree
@@ -185,12 +184,13 @@ def test_errors_come_back_as_messages(client, args, expect):
     assert out["status"] == "error" and expect in out["message"]
 
 
-def test_missing_artifact_is_a_message(client, embedded):
-    missing = next((m for m in ("s4c", "sdsat", "rest") if unavailable_reason(m, embedded)), None)
-    if missing is None:
-        pytest.skip("every mode has its artifact on this machine")
-    out = client.predict("Hello", missing, api_name="/race")
-    assert out["status"] == "error" and "unavailable" in out["message"]
+def test_missing_artifact_is_a_message(client, monkeypatch):
+    import specdemo.ui as ui
+
+    reason = "No datastore for embedded: build it with `python -m specdemo datastore build`."
+    monkeypatch.setattr(ui, "unavailable_reason", lambda method, target: reason if method == "rest" else None)
+    out = client.predict("Hello", "rest", api_name="/race")
+    assert out["status"] == "error" and "unavailable" in out["message"] and "datastore build" in out["message"]
 
 
 def test_race_api_streams_a_greedy_prompt_lookup_run(client):
