@@ -644,7 +644,7 @@ def on_generate(model: str, method: str, prompt: str, max_new_tokens: float, tem
                 top_k: float, seed: float, *knobs, request: gr.Request | None = None):
     """The page's Generate: stream the race into both panes, the summary and (throttled) the plots."""
     req = RaceRequest(prompt or "", method or "pld", model or EMBEDDED, int(max_new_tokens),
-                      SamplingConfig(float(temperature), float(top_p), int(top_k), int(seed)), _options(method, knobs))
+                      SamplingConfig(float(temperature), float(top_p), int(top_k), int(seed or 0)), _options(method, knobs))
     stop = _STOPS.setdefault(_session(request), threading.Event())
     stop.clear()
     last_plot = 0.0
@@ -774,7 +774,7 @@ def race_api(prompt: str, method: str = "pld", model: str = EMBEDDED, max_new_to
     (speedup, tau, forwards_saved, identical, complete) and, in the final dict, run (the exported JSON).
     """
     req = RaceRequest(prompt or "", (method or "pld").lower().strip(), model or EMBEDDED, int(max_new_tokens),
-                      SamplingConfig(float(temperature), float(top_p), int(top_k), int(seed)), dict(options or {}))
+                      SamplingConfig(float(temperature), float(top_p), int(top_k), int(seed or 0)), dict(options or {}))
     for rec in run_race(req):
         yield api_view(rec)
 
