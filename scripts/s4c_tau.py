@@ -29,6 +29,7 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=int, default=15)
     ap.add_argument("--topk", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--context", type=int, default=0, help="hybrid: graft a prompt-lookup chain of this many tokens")
     ap.add_argument("--no-check", action="store_true", help="skip the AR reference (faster)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -44,7 +45,7 @@ def main(argv=None) -> int:
     refs = [None] * len(encoded) if args.no_check else [run_to_end(target, ids, None, cfg)[0] for ids in encoded]
     results = {}
     for kind in args.trees.split(","):
-        opts = {"tree": kind, "budget": args.budget, "topk": args.topk}
+        opts = {"tree": kind, "budget": args.budget, "topk": args.topk, "context": args.context}
         if args.heads:
             opts["heads"] = args.heads
         new = steps = nodes = 0

@@ -82,7 +82,7 @@ def test_tree_invariants(tiny_llama, kind):
             seen.add((p, tok))
         if kind == "chain":
             assert tree.parents == list(range(-1, len(tree) - 1))
-        if kind == "s4c" and len(tree) >= 6:
+        if kind == "s4c" and len(tree) >= 6 and max(depths) == 3:
             # vertical first: two chains of depth 3 hang off the two first depth-1 nodes
             kids = {}
             for i, p in enumerate(tree.parents):
@@ -188,3 +188,14 @@ def test_embedded_shipped_heads_lossless(embedded):
         assert got == ref
         if sampling.greedy:
             assert len(got) / len(events) > 1.2  # trained heads do accept drafts
+
+
+def test_context_graft_lossless_and_budget(tiny_llama):
+    t = tiny_llama
+    heads = _heads(t, 3)
+    prompt = t.encode_prompt("repeat: one two three four one two three four one two")
+    cfg = GenerationConfig(max_new_tokens=20)
+    ref, _ = run_to_end(t, prompt, None, cfg)
+    got, events = run_to_end(t, prompt, S4CDrafter(t, heads, budget=12, context=5), cfg)
+    assert got == ref
+    assert all(e.tree_size <= 12 for e in events)

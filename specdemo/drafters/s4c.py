@@ -49,13 +49,16 @@ class S4CDrafter(Drafter):
     name = "s4c"
     needs_hidden = True
 
-    def __init__(self, target: Target, heads: S4CHeads, tree: str = "s4c", budget: int = 15, topk: int = 3):
+    def __init__(self, target: Target, heads: S4CHeads, tree: str = "s4c", budget: int = 15, topk: int = 3,
+                 context: int = 0):
         if tree not in TREES:
             raise ValueError(f"s4c tree must be one of {', '.join(TREES)} (got {tree!r})")
         self.target, self.heads, self.tree_kind = target, heads, tree
         self.budget, self.topk = int(budget), max(1, int(topk))
+        self.context = int(context)  # >0: also graft a prompt-lookup chain of up to this many tokens (not in the paper)
         self.H = heads.n_heads
         self.stats = {"steps": 0, "reached": [0] * self.H, "accepted": [0] * self.H}
+        self._last_depths: list[int] = []
 
     # ------------------------------------------------------------------ state
     def begin(self, state: DecodeState, prompt_hidden: torch.Tensor | None) -> None:
@@ -205,7 +208,33 @@ class S4CDrafter(Drafter):
                 this = [j for j in range(len(nodes)) if nodes[j].depth == depth]
                 new_frontier = sorted(this, key=lambda j: -nodes[j].logp)[:k]
             frontier = new_frontier
-        return self._select(nodes, chain_nodes if kind != "eagle" else set())
+        chain = []
+        if self.context > 0:
+            from .pld import lookup
+
+            chain = lookup(tokens, min(self.context, self.budget - 1), max_ngram=3, min_ngram=2)
+        tree = self._select(nodes, chain_nodes if kind != "eagle" else set(), self.budget - len(chain))
+        return self._graft_context(tree, chain) if chain else tree
+
+    def _graft_context(self, tree: DraftTree, chain: list[int]) -> DraftTree:
+        """Hybrid option (`context=N`, off by default): follow the prompt-lookup continuation down the head tree and
+        hang its unmatched tail off the deepest matching node (source "context"); room for it was reserved."""
+        node, i = -1, 0
+        while i < len(chain):
+            nxt = next((j for j, (t, p) in enumerate(zip(tree.tokens, tree.parents)) if p == node and t == chain[i]), None)
+            if nxt is None:
+                break
+            node, i = nxt, i + 1
+        tail = chain[i:]
+        if not tail:
+            return tree
+        toks, parents, src = list(tree.tokens), list(tree.parents), list(tree.sources)
+        for t in tail:
+            toks.append(t)
+            parents.append(node)
+            src.append("context")
+            node = len(toks) - 1
+        return DraftTree(toks, parents, src)
 
     @staticmethod
     def _path(nodes, i):
@@ -215,13 +244,13 @@ class S4CDrafter(Drafter):
             i = nodes[i].parent
         return path[::-1]
 
-    def _select(self, nodes: list[_Node], first: set[int]) -> DraftTree:
+    def _select(self, nodes: list[_Node], first: set[int], budget: int | None = None) -> DraftTree:
         """Keep `budget` nodes: the vertical chains first (s4c/chain), then the rest by cumulative log-prob; a node
         is only kept with its parent; output in topological order."""
         order = sorted(range(len(nodes)), key=lambda j: (j not in first, -nodes[j].logp if j not in first else j))
         keep: set[int] = set()
         for j in order:
-            if len(keep) >= self.budget:
+            if len(keep) >= (self.budget if budget is None else budget):
                 break
             if nodes[j].parent < 0 or nodes[j].parent in keep:
                 keep.add(j)
@@ -238,9 +267,9 @@ class S4CDrafter(Drafter):
 
 
 def make(target: Target, heads: str | None = None, tree: str = "s4c", budget: int | str = 15, topk: int = 3,
-         **unknown) -> S4CDrafter:
+         context: int = 0, **unknown) -> S4CDrafter:
     if unknown:
-        raise ValueError(f"unknown S4C options: {', '.join(unknown)} (known: heads, tree, budget, topk)")
+        raise ValueError(f"unknown S4C options: {', '.join(unknown)} (known: heads, tree, budget, topk, context)")
     source = heads or default_heads(target)
     if source is None or (isinstance(source, Path) and not (source / "model.safetensors").exists()):
         raise DrafterUnavailable(_missing(target))
@@ -251,7 +280,7 @@ def make(target: Target, heads: str | None = None, tree: str = "s4c", budget: in
     if budget == "auto":
         budget = _auto_budget(target)
         topk = max(int(topk), -(-budget // (2 * loaded.n_heads - 1)))  # an s4c tree holds (2H - 1) * topk nodes
-    return S4CDrafter(target, loaded, tree=str(tree), budget=int(budget), topk=int(topk))
+    return S4CDrafter(target, loaded, tree=str(tree), budget=int(budget), topk=int(topk), context=int(context))
 
 
 # tau of the s4c tree by node budget on the embedded model with the shipped heads (scripts/s4c_tau.py, greedy)
