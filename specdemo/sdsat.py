@@ -464,7 +464,8 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> dict:
         extra = {"L": cfg.L, "train": {"config": asdict(cfg), "step": step, "seen_tokens": seen_tokens,
                                        "probe_tokens": probe_tokens, "elapsed_s": round(elapsed, 1),
                                        "data_records": len(train_recs)},
-                 "heldout": metrics or (history[-1]["eval"] if history and "eval" in history[-1] else None)}
+                 "heldout": metrics or next((dict(h["eval"], step=h["step"]) for h in reversed(history)
+                                             if "eval" in h), None)}
         adapter.save(out, target.identity, model, extra)
 
     if step == 0 and held:
@@ -485,6 +486,8 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> dict:
         for _ in range(cfg.seqs_per_step):
             if not order:  # new epoch: pick up records the growing corpus gained meanwhile
                 train_recs, held = load_split()
+                log(f"epoch start: {len(train_recs)} training records "
+                    f"({sum(len(r['answer_ids']) for r in train_recs)} answer tokens), {len(held)} held out")
                 order = list(train_recs)
                 rng.shuffle(order)
             r = order.pop()
