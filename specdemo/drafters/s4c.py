@@ -8,7 +8,7 @@ See `specdemo/s4c.py` for the model and our reading of the paper.  Options:
     topk    -- alternatives per position (default 3)
     context -- NOT in the paper: graft a prompt-lookup continuation of up to N tokens onto the head tree (source
                "context"; its nodes count in the budget).  Default 6 through `make` (the registry / bench / UI),
-               because on HumanEval it lifts tau from ~1.8 to ~2.4 with the shipped heads; `context=0` is pure S4C.
+               because on HumanEval it lifts tau from 1.91 to 2.41 with the shipped heads; `context=0` is pure S4C.
 
 KV caches: each head keeps its own cache (the engine's preallocated KVCache) of committed positions, fed from the
 target features that `observe` receives; draft rows are appended for one layer call and cut off again.  Recomputing a
