@@ -24,6 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+# verification cost per tree size relative to an AR step, from shared/notes/demo-and-bench.md (2-core CPU, quiet)
+NOTES_COST = {0: 1.0, 1: 1.5, 2: 1.55, 4: 1.55, 8: 1.55, 16: 1.65, 32: 2.1, 64: 3.05}
 
 
 def _val(s: str):
@@ -70,7 +72,7 @@ def simulate(drafter, target, rec: dict, max_new: int) -> tuple[int, int, float,
     state = DecodeState(list(prompt), len(prompt), max_new, SamplingConfig(), target)
     drafter.begin(state, None)
     steps, pos, draft_s = 0, 0, 0.0
-    stats = {"nodes": 0, "empty": 0, "accepted": 0}
+    stats = {"nodes": 0, "empty": 0, "accepted": 0, "sizes": []}
     while pos < len(truth):
         t0 = time.perf_counter()
         tree = drafter.propose(state) if state.remaining > 1 else None
@@ -86,6 +88,7 @@ def simulate(drafter, target, rec: dict, max_new: int) -> tuple[int, int, float,
             stats["nodes"] += len(tree)
         else:
             stats["empty"] += 1
+        stats["sizes"].append(len(tree) if tree is not None else 0)
         stats["accepted"] += acc
         new = truth[pos : pos + acc + 1]
         state.tokens.extend(new)
@@ -103,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mode", choices=("sim", "engine"), default="sim")
     ap.add_argument("--opt", action="append", default=[], help="drafter option key=value")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--cost", choices=("notes", "measure", "none"), default="notes",
+                    help="cost curve for the per-step cut and the modelled speedup: the notes' table (default), "
+                         "measured now (noisy on a busy machine), or none (no per-step cut)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -118,18 +124,27 @@ def main(argv: list[str] | None = None) -> int:
     recs = ar_outputs(target, prompts, args.max_new_tokens, tag)
     opts = dict(kv.split("=", 1) for kv in args.opt)
     opts = {k: _val(v) for k, v in opts.items()}
+    from specdemo import budget as budget_mod
+
+    rel = {"notes": NOTES_COST, "none": None}.get(args.cost) if args.cost != "measure" else \
+        budget_mod.relative_cost(budget_mod.verify_cost_curve(target))
+    opts.setdefault("adaptive", rel is not None)
+    if rel is not None:
+        opts.setdefault("rel_cost", rel)
+    model_cost = rel or NOTES_COST
     results = {}
     for budget in [int(b) for b in args.budgets.split(",")]:
         tot_new = tot_steps = 0
         draft_ms, per_prompt = [], []
-        agg = {"nodes": 0, "empty": 0, "accepted": 0}
+        agg = {"nodes": 0, "empty": 0, "accepted": 0, "cost": 0.0}
         identical = 0
         for rec in recs:
-            drafter = make_drafter("rest", target, budget=budget, **opts)
+            drafter = make_drafter("rest", target, budget=budget, **dict(opts))
             if args.mode == "sim":
                 new, steps, ds, st = simulate(drafter, target, rec, args.max_new_tokens)
-                for k in agg:
+                for k in ("nodes", "empty", "accepted"):
                     agg[k] += st[k]
+                agg["cost"] += sum(budget_mod.cost_at(model_cost, n) for n in st["sizes"])
                 identical += 1
             else:
                 toks, events = run_to_end(target, rec["prompt_ids"], drafter,
@@ -139,17 +154,20 @@ def main(argv: list[str] | None = None) -> int:
                 agg["nodes"] += sum(e.tree_size for e in events)
                 agg["empty"] += sum(e.tree_size == 0 for e in events)
                 agg["accepted"] += sum(e.accepted for e in events)
+                agg["cost"] += sum(budget_mod.cost_at(model_cost, e.tree_size) for e in events)
             tot_new += new
             tot_steps += steps
             draft_ms.append(1e3 * ds / max(steps, 1))
             per_prompt.append(new / steps)
         tau = tot_new / tot_steps
-        results[budget] = {"tau": round(tau, 3), "steps": tot_steps, "new_tokens": tot_new,
+        speed = tot_new / agg["cost"]
+        results[budget] = {"tau": round(tau, 3), "modelled_speedup": round(speed, 3), "steps": tot_steps, "new_tokens": tot_new,
                            "mean_nodes": round(agg["nodes"] / tot_steps, 1),
                            "empty_steps": round(agg["empty"] / tot_steps, 3),
                            "draft_ms_per_step": round(statistics.median(draft_ms), 3),
                            "identical": f"{identical}/{len(recs)}"}
-        print(f"{args.prompts}[:{len(recs)}] budget {budget:3d} {args.mode}: tau {tau:.3f}  ({tot_new} tokens / "
+        print(f"{args.prompts}[:{len(recs)}] budget {budget:3d} {args.mode}: tau {tau:.3f}, modelled speedup "
+              f"{speed:.3f}  ({tot_new} tokens / "
               f"{tot_steps} steps; {agg['nodes'] / tot_steps:.1f} nodes/step, {agg['empty'] / tot_steps:.0%} empty "
               f"steps; draft {statistics.median(draft_ms):.3f} ms/step; identical {identical}/{len(recs)}) {opts}",
               flush=True)

@@ -383,6 +383,8 @@ def generate_prompts() -> list[dict]:
     by_cat["stub"] = [w.format(code=_stub_code(*s)) for i, s in enumerate(STUBS)
                       for j, w in enumerate(STUB_WRAPPERS) if (i + j) % 3 != 2]
     rng = random.Random(1234)
+    # (categories are appended at the end only: ids are "<category>-<index in its list>", and a resumed distillation
+    # run keeps the answers of unchanged prompts)
     by_cat["code"] = [ask.format(lang=lang, task=task) for t_i, task in enumerate(CODE_TASKS)
                       for lang, ask in [(CODE_LANGS[(t_i * 3 + k) % len(CODE_LANGS)] if k else "Python",
                                          CODE_ASKS[(t_i + k) % len(CODE_ASKS)]) for k in range(3)]]
@@ -400,6 +402,8 @@ def generate_prompts() -> list[dict]:
     by_cat["summarise"] = [a.format(p=p) for i, p in enumerate(PASSAGES) for a in SUMMARY_ASKS]
     by_cat["rewrite"] = [REWRITE_STYLES[(i + k) % len(REWRITE_STYLES)].format(s=s)
                          for i, s in enumerate(REWRITE_SENTENCES) for k in range(3)]
+    by_cat["stub-alt"] = [w.format(code=_stub_code(*s)) for i, s in enumerate(STUBS)
+                          for j, w in enumerate(STUB_WRAPPERS) if (i + j) % 3 == 2]
     # fixed interleaving: shuffle inside each category, then round-robin by share so any prefix is a balanced mix
     records = []
     queues = {}

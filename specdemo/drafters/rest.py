@@ -29,6 +29,7 @@ from ..tree import DraftTree
 from . import DrafterUnavailable
 
 PAD = -1
+_HASH = np.random.default_rng(12345).integers(1, 2**62, 64, dtype=np.int64)  # row hashing (wraps around: fine)
 _stores: dict[tuple, Datastore] = {}
 
 
@@ -100,10 +101,23 @@ def build_trie(rows: np.ndarray, weights: np.ndarray, context_rows: np.ndarray |
     empty = np.zeros(0, dtype=np.int64)
     if R == 0:
         return Trie(empty, empty, empty, empty, np.zeros(0), np.zeros(0), 0.0)
+    w = np.asarray(weights, dtype=np.float64)
+    wc = w * np.asarray(context_rows, dtype=bool) if context_rows is not None else np.zeros(R)
+    if R > 32:  # many retrieved rows repeat: merge duplicates first (hash, then an exact check) to sort far fewer
+        key = rows @ _HASH[:L]
+        o = np.argsort(key, kind="stable")
+        ks = key[o]
+        first = np.empty(R, dtype=bool)
+        first[0] = True
+        np.not_equal(ks[1:], ks[:-1], out=first[1:])
+        inv = np.empty(R, dtype=np.int64)
+        inv[o] = np.cumsum(first) - 1
+        uniq = rows[o[first]]
+        if (uniq[inv] == rows).all():
+            rows, R = uniq, len(uniq)
+            w, wc = np.bincount(inv, w, R), np.bincount(inv, wc, R)
     order = np.lexsort(rows.T[::-1])
-    rows = rows[order]
-    w = np.asarray(weights, dtype=np.float64)[order]
-    wc = w * np.asarray(context_rows, dtype=bool)[order] if context_rows is not None else np.zeros(R)
+    rows, w, wc = rows[order], w[order], wc[order]
     lcp = np.zeros(R, dtype=np.int64)
     if R > 1:
         lcp[1:] = np.cumprod(rows[1:] == rows[:-1], axis=1).sum(1)
@@ -204,7 +218,8 @@ class RestDrafter(Drafter):
     context_weight: float = 20.0  # weight of one request continuation relative to one datastore continuation
     context_max_matches: int = 64
     min_share: float = 0.0
-    confidence: float = 1.0
+    confidence: float = 1.0  # acceptance probability of a node = confidence * weight / (total weight + prior)
+    prior: float = 0.0
     rel_cost: dict[int, float] | None = None  # relative verification cost per tree size; None = no per-step cut
     name: str = "rest"
     last: dict = field(default_factory=dict, repr=False)  # what the last step found (for the UI / debugging)
@@ -234,9 +249,13 @@ class RestDrafter(Drafter):
         trie = build_trie(np.concatenate(parts), np.concatenate(weights), np.concatenate(is_ctx))
         chosen = select_subtree(trie, self.budget, self.min_share)
         if self.rel_cost is not None and chosen:
-            shares = trie.weight[chosen] / trie.total
+            shares = trie.weight[chosen] / (trie.total + self.prior)
             chosen = chosen[: best_cut(shares, self.rel_cost, self.confidence)]
-        return to_draft_tree(trie, chosen)
+        tree = to_draft_tree(trie, chosen)
+        if chosen:  # the tree's nodes are in BFS order: their shares in that order, for analysis
+            bfs = sorted(chosen, key=lambda i: (int(trie.depth[i]), int(trie.order[i])))
+            self._shares = (trie.weight[bfs] / trie.total).tolist()
+        return tree
 
 
 def _store_path(target: Target, datastore) -> Path | None:
@@ -279,6 +298,8 @@ def make(target: Target, datastore: str | None = None, budget: int | None = None
         budget = budget_mod.pick_budget(target) if cpu else budget_mod.GPU_BUDGET
     if adaptive is None:
         adaptive = cpu
-    rel = budget_mod.relative_cost(budget_mod.verify_cost_curve(target)) if adaptive else None
+    rel = options.pop("rel_cost", None)
+    if rel is None and adaptive:
+        rel = budget_mod.relative_cost(budget_mod.verify_cost_curve(target))
     return RestDrafter(store=store, budget=int(budget), max_suffix=int(max_suffix), min_suffix=int(min_suffix),
                        rel_cost=rel, **options)
