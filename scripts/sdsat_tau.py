@@ -70,8 +70,8 @@ def main(argv=None) -> int:
             acc = [x + y for x, y in zip(acc, a["accepted_by_depth"])]
             if args.check_identical:
                 same += out == refs[p["id"]]
-        cond = [round(acc[i] / acc[i - 1], 3) if i and acc[i - 1] else (round(acc[0] / prop[0], 3) if prop[0] else None)
-                for i in range(args.k)]
+        cond = [(round(acc[i] / acc[i - 1], 3) if acc[i - 1] else None) if i else
+                (round(acc[0] / prop[0], 3) if prop[0] else None) for i in range(args.k)]
         r = {"tau": round(tokens / forwards, 3), "tokens": tokens, "forwards": forwards,
              "mean_tree_nodes": round(nodes / forwards, 1), "accepted_by_depth": acc, "proposed_by_depth": prop,
              "conditional_acceptance_by_depth": cond}
