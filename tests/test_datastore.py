@@ -158,9 +158,10 @@ def test_build_round_trip(tmp_path, tok):
     text = "\n".join(docs)
     assert "def add(a, b)" in text and "lazy dog" in text and "never read" not in text
     assert "Hello! How can I help?" in text and "Compressed record." in text
-    ids = tok("    return a + b", add_special_tokens=False)["input_ids"]
-    length, rows = store.retrieve(tok("def add(a, b):\n", add_special_tokens=False)["input_ids"], 16, 2)
-    assert length >= 2 and rows[0][: len(ids)].tolist() == ids
+    ids = tok("def add(a, b):\n    return a + b\n", add_special_tokens=False)["input_ids"]
+    length, rows = store.retrieve([7] + ids[:5], 16, 2)
+    rest = ids[5:15]
+    assert length == 5 and rows.shape == (1, 10) and rows[0][: len(rest)].tolist() == rest
 
 
 def test_cli_build_and_info(tmp_path, capsys):

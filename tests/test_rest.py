@@ -226,7 +226,7 @@ def test_rest_is_lossless_sampling(target, tiny_store):
     from specdemo.sampling import SamplingConfig
 
     ids = target.encode_prompt(PROMPTS[0])
-    for seed in (1, 2):
+    for seed in (1,):
         cfg = GenerationConfig(max_new_tokens=48, sampling=SamplingConfig(temperature=0.8, top_p=0.95, seed=seed))
         ar, _ = run_to_end(target, ids, None, cfg)
         drafter = make_drafter("rest", target, datastore=str(tiny_store), budget=16, adaptive=False)

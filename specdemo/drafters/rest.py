@@ -218,7 +218,7 @@ class RestDrafter(Drafter):
     context_weight: float = 20.0  # weight of one request continuation relative to one datastore continuation
     context_max_matches: int = 64
     min_share: float = 0.0
-    confidence: float = 1.0  # acceptance probability of a node = confidence * weight / (total weight + prior)
+    confidence: float = 0.5  # acceptance probability of a node = confidence * weight / (total weight + prior)
     prior: float = 0.0
     rel_cost: dict[int, float] | None = None  # relative verification cost per tree size; None = no per-step cut
     name: str = "rest"
