@@ -18,7 +18,7 @@ import time
 import torch
 
 GPU_BUDGET = 64
-DEFAULT_SIZES = (0, 1, 2, 4, 8, 16, 32, 64)
+DEFAULT_SIZES = (0, 1, 2, 4, 8, 16, 32)  # larger trees: extrapolated (cost_at); never worth it on CPU
 # What a REST-style tree buys per node budget on the embedded model (store + context, greedy; shared/notes/rest.md)
 DEFAULT_EXPECTED_TAU = {1: 1.35, 2: 1.5, 4: 1.62, 8: 1.75, 16: 1.85, 32: 1.9, 64: 1.93}
 

@@ -285,13 +285,13 @@ def build(
         n_tokens += len(arr)
 
     t0 = time.perf_counter()
-    bar = _progress(total_bytes, "tokenising", "B", progress)
+    bar = None  # made on the first text (a build from token ids only shows no tokenising bar)
     batch: list[str] = []
     batch_len = 0
     doc_ends: list[bool] = []  # per piece in the batch: last piece of its document?
 
     def flush() -> None:
-        nonlocal batch, batch_len, doc_ends
+        nonlocal batch, batch_len, doc_ends, bar
         if not batch:
             return
         pending: list[list[int]] = []
@@ -300,6 +300,8 @@ def build(
             if last:
                 add(list(itertools.chain.from_iterable(pending)) if len(pending) > 1 else pending[0])
                 pending = []
+        if bar is None:
+            bar = _progress(total_bytes, "tokenising", "B" if total_bytes else "docs", progress)
         bar.update(sum(len(t.encode("utf-8", errors="replace")) for t in batch) if total_bytes else len(batch))
         batch, batch_len, doc_ends = [], 0, []
 
@@ -312,7 +314,8 @@ def build(
         if batch_len >= batch_chars and doc_ends[-1]:
             flush()
     flush()
-    bar.close()
+    if bar is not None:
+        bar.close()
     for ids in token_docs:
         add(ids)
     tokenize_s = time.perf_counter() - t0

@@ -85,36 +85,62 @@ def test_trie_weights_are_prefix_counts(items):
     assert trie.total == pytest.approx(w.sum())
 
 
+def scores(trie, scoring):
+    return R.acceptance_scores(trie) if scoring == "acceptance" else trie.weight / trie.total
+
+
 @settings(max_examples=100, deadline=None)
-@given(rows_strategy, st.integers(0, 12), st.sampled_from([0.0, 0.05, 0.3]), st.randoms())
-def test_best_first_subtree_invariants(items, budget, min_share, rnd):
+@given(rows_strategy, st.integers(0, 12), st.sampled_from([0.0, 0.05, 0.3]), st.sampled_from(["count", "acceptance"]),
+       st.randoms())
+def test_best_first_subtree_invariants(items, budget, min_share, scoring, rnd):
     rows, w, ctx = as_arrays(items)
     trie = R.build_trie(rows, w, ctx)
-    chosen = R.select_subtree(trie, budget, min_share)
+    score = scores(trie, scoring)
+    chosen = R.select_subtree(trie, budget, min_share, score)
     assert len(chosen) <= budget and len(set(chosen)) == len(chosen)
     seen = set()
     for i in chosen:  # every prefix is a subtree: the parent comes first
         assert trie.parents[i] < 0 or int(trie.parents[i]) in seen
-        assert trie.weight[i] >= min_share * trie.total - 1e-9
+        assert score[i] >= min_share - 1e-9
         seen.add(i)
-    # best-first: no node left out whose parent is in (or is the root) weighs more than the lightest chosen one
+    # best-first: no node left out whose parent is in (or is the root) scores more than the lowest chosen one
     if chosen and len(chosen) == budget:
-        lightest = min(trie.weight[i] for i in chosen)
+        lowest = min(score[i] for i in chosen)
         for j in range(len(trie)):
             if j not in seen and (trie.parents[j] < 0 or int(trie.parents[j]) in seen):
-                assert trie.weight[j] <= lightest + 1e-9
+                assert score[j] <= lowest + 1e-9
     # deterministic: the same draft whatever the order of the retrieved rows
     perm = list(range(len(items)))
     rnd.shuffle(perm)
     trie2 = R.build_trie(rows[perm], w[perm], ctx[perm])
     t1 = R.to_draft_tree(trie, chosen)
-    t2 = R.to_draft_tree(trie2, R.select_subtree(trie2, budget, min_share))
+    t2 = R.to_draft_tree(trie2, R.select_subtree(trie2, budget, min_share, scores(trie2, scoring)))
     assert (t1.tokens, t1.parents, t1.sources) == (t2.tokens, t2.parents, t2.sources)
     # a valid engine tree whose root-to-node paths are retrieved prefixes
     TreeBuffers.build(t1, 10)
     paths = set(node_paths(trie))
     for k in range(len(t1)):
         assert tuple(t1.tokens[j] for j in t1.path_to(k)) in paths
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows_strategy)
+def test_acceptance_scores_are_probabilities_decreasing_down_the_tree(items):
+    rows, w, ctx = as_arrays(items)
+    trie = R.build_trie(rows, w, ctx)
+    score = R.acceptance_scores(trie)
+    assert ((score > 0) & (score <= 1)).all()
+    for i in range(len(trie)):
+        p = int(trie.parents[i])
+        assert p < 0 or score[i] <= score[p] + 1e-12
+
+
+def test_acceptance_scores_shrink_single_continuations():
+    one = R.build_trie(np.array([[1, 2, 3]]), np.array([1.0]))
+    many = R.build_trie(np.array([[1, 2, 3]] * 50), np.ones(50))
+    s1, s50 = R.acceptance_scores(one), R.acceptance_scores(many)
+    assert s1[0] == pytest.approx(0.95 / 2.6) and s1[2] == pytest.approx((0.95 / 2.6) ** 3)
+    assert s50[2] > 0.75 > 0.4 > s1[0]
 
 
 def test_sources_and_weights_merge_store_and_context():
