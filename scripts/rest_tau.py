@@ -34,7 +34,7 @@ def _val(s: str):
             return cast(s)
         except ValueError:
             pass
-    return {"true": True, "false": False, "none": None}.get(s.lower(), s)
+    return {"true": True, "false": False, "null": None}.get(s.lower(), s)
 
 
 def ar_outputs(target, prompts: list[dict], max_new: int, tag: str) -> list[dict]:
@@ -165,11 +165,12 @@ def main(argv: list[str] | None = None) -> int:
                            "mean_nodes": round(agg["nodes"] / tot_steps, 1),
                            "empty_steps": round(agg["empty"] / tot_steps, 3),
                            "draft_ms_per_step": round(statistics.median(draft_ms), 3),
-                           "identical": f"{identical}/{len(recs)}"}
+                           "identical": f"{identical}/{len(recs)}" if args.mode == "engine" else "n/a (sim)"}
         print(f"{args.prompts}[:{len(recs)}] budget {budget:3d} {args.mode}: tau {tau:.3f}, modelled speedup "
               f"{speed:.3f}  ({tot_new} tokens / "
               f"{tot_steps} steps; {agg['nodes'] / tot_steps:.1f} nodes/step, {agg['empty'] / tot_steps:.0%} empty "
-              f"steps; draft {statistics.median(draft_ms):.3f} ms/step; identical {identical}/{len(recs)}) {opts}",
+              f"steps; draft {statistics.median(draft_ms):.3f} ms/step"
+              f"{f'; identical {identical}/{len(recs)}' if args.mode == 'engine' else ''}) {opts}",
               flush=True)
     if args.json:
         print(json.dumps(results))

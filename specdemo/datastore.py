@@ -547,6 +547,19 @@ def selfdistill_docs(path: Path, identity: str) -> tuple[list[list[int]], str]:
     """The self-distilled answers as documents: the assistant header + the answer ids (ends with EOS when finished)."""
     if not path.exists():
         return [], ""
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns, identity)
+    if key not in _selfdistill_cache:
+        _selfdistill_cache.clear()
+        _selfdistill_cache[key] = _read_selfdistill(path, identity)
+    docs, digest = _selfdistill_cache[key]
+    return [list(d) for d in docs], digest
+
+
+_selfdistill_cache: dict[tuple, tuple[list[list[int]], str]] = {}
+
+
+def _read_selfdistill(path: Path, identity: str) -> tuple[list[list[int]], str]:
     with gzip.open(path, "rt", encoding="utf-8") as f:
         lines = [json.loads(line) for line in f if line.strip()]
     header, records = lines[0], lines[1:]

@@ -7,13 +7,16 @@ Every step:
 2. Request (SuffixDecoding-style): the same longest-suffix search over prompt + output so far, all occurrences.
    REST alone cannot copy a variable name it has only seen in the prompt; this can.
 3. One weighted trie over both sets of continuations: a node's weight is the (weighted) number of continuations
-   that start with its prefix (store rows weigh 1, request rows `context_weight`).  The draft is the best-first
-   subtree by weight under the node budget (a node only after its parent; ties: shallower, then token order), without
-   nodes whose share of the total weight is below `min_share`.
-4. On CPU the tree is cut per step to the size n that maximises (1 + confidence * sum of the n best shares) /
-   cost(n), with cost(n) the measured cost of an n-node verification relative to an AR step (specdemo/budget.py):
-   when the retrieved continuations disagree, the step sends a small tree or none, so REST does not pay for
-   verification it is unlikely to use.
+   that start with its prefix (store rows weigh 1, request rows `context_weight`).
+4. Each node gets an estimated acceptance probability (`acceptance_scores`): the product down its path of
+   0.95 * weight(node) / (weight(parent) + prior), which shrinks prefixes seen only a few times (REST's raw count
+   share trusts a lone continuation completely; on the embedded model it is right ~45% per token).  The draft is the
+   best-first subtree by that score under the node budget (a node only after its parent; ties: shallower, then token
+   order), so it is deterministic.  `scoring="count"` selects by REST's raw prefix counts instead.
+5. On CPU the tree is cut per step to the n best nodes that maximise (1 + sum of their scores) / cost(n), cost(n)
+   being the measured cost of an n-node verification relative to an AR step (specdemo/budget.py): when the
+   retrieved continuations disagree the step sends a small tree or none, so REST does not pay for verification it is
+   unlikely to use.  The node budget is then only a cap.
 """
 from __future__ import annotations
 
