@@ -138,19 +138,22 @@ def format_table(result: dict) -> str:
 
 
 def _parse_options(items: list[str]) -> dict[str, dict]:
-    """`--option rest.budget=16` -> {"rest": {"budget": 16}} (ints/floats parsed)."""
+    """`--option rest.budget=16` -> {"rest": {"budget": 16}} (ints, floats, true/false parsed)."""
     out: dict[str, dict] = {}
     for item in items:
         key, _, value = item.partition("=")
         method, _, name = key.partition(".")
         if not name or not value:
             raise ValueError(f"--option expects METHOD.NAME=VALUE, got '{item}'")
-        for cast in (int, float):
-            try:
-                value = cast(value)
-                break
-            except ValueError:
-                pass
+        if value.lower() in ("true", "false"):
+            value = value.lower() == "true"
+        else:
+            for cast in (int, float):
+                try:
+                    value = cast(value)
+                    break
+                except ValueError:
+                    pass
         out.setdefault(method, {})[name] = value
     return out
 
