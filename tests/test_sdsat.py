@@ -35,6 +35,18 @@ def _noisy_adapter(target, seed: int = 0, std: float = 0.5) -> SDSATAdapter:
 
 
 # ---------------------------------------------------------------- masking: standard rows are the original model's
+
+def _train_steps(t, ad, seq, prompt_len, lr, steps, rate, max_probes, L=3):
+    """A few AdamW steps of the adaptive-position CE on one sequence (seeded)."""
+    opt = torch.optim.AdamW(ad.parameters(), lr=lr)
+    rng = random.Random(0)
+    for _ in range(steps):
+        b = build_probes(seq, prompt_len, L, rate, rng, max_probes, L)
+        loss = torch.nn.functional.cross_entropy(probe_logits(t.model, ad, seq, b, grad=True), b[2])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
 def test_standard_positions_untouched_by_adapter(tiny):
     ad = _noisy_adapter(tiny)
     torch.manual_seed(3)
@@ -102,14 +114,7 @@ def test_training_steps_reduce_adaptive_loss(tiny_llama):
     ad = SDSATAdapter(t.model, rank=4, alpha=8, token_id=3)
     rec = [{"id": "x", "prompt_ids": prompt, "answer_ids": ref}]
     before = evaluate(t.model, ad, rec, 3)
-    opt = torch.optim.AdamW(ad.parameters(), lr=1e-2)
-    rng = random.Random(0)
-    for _ in range(12):
-        b = build_probes(seq, len(prompt), 3, 0.5, rng, 120, 3)
-        loss = torch.nn.functional.cross_entropy(probe_logits(t.model, ad, seq, b, grad=True), b[2])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    _train_steps(t, ad, seq, len(prompt), lr=1e-2, steps=12, rate=0.5, max_probes=120)
     after = evaluate(t.model, ad, rec, 3)
     assert after["loss"] < 0.7 * before["loss"]
     # the base model itself never received a gradient and is unchanged outside the adapter's block
@@ -223,14 +228,7 @@ def test_trained_drafts_are_accepted_and_stats(tiny_llama):
     ref, _ = run_to_end(t, prompt, None, cfg)
     seq = prompt + ref
     ad = SDSATAdapter(t.model, rank=8, alpha=16, token_id=3)
-    opt = torch.optim.AdamW(ad.parameters(), lr=2e-2)
-    rng = random.Random(0)
-    for _ in range(40):
-        b = build_probes(seq, len(prompt), 3, 0.7, rng, 200, 3)
-        loss = torch.nn.functional.cross_entropy(probe_logits(t.model, ad, seq, b, grad=True), b[2])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    _train_steps(t, ad, seq, len(prompt), lr=2e-2, steps=40, rate=0.7, max_probes=200)
     ad.requires_grad_(False)
     d = SDSATDrafter(t, ad, k=3)
     out, events = run_to_end(t, prompt, d, cfg)
