@@ -124,6 +124,7 @@ class Verified:
     tokens: list[int]  # committed this step: accepted draft tokens + the target's own token
     hidden: torch.Tensor  # (1 + len(accepted_nodes), d): target features of the root and the accepted nodes
     probe_hidden: dict[int, torch.Tensor]  # node index -> feature, for probe nodes
+    logits: torch.Tensor | None = None  # (1 + len(tree), vocab): the target's logits of the root (row 0) and every node
 
 
 class Drafter:
@@ -286,7 +287,7 @@ def generate(target: Target, prompt_ids: list[int], drafter: Drafter | None = No
         if finish is None:
             t0 = time.perf_counter()
             probes = {i: hidden[i + 1] for i in range(len(tree)) if tree.is_probe(i)}
-            drafter.observe(state, Verified(tree, buf, accepted_nodes, new, hidden[[0] + path], probes))
+            drafter.observe(state, Verified(tree, buf, accepted_nodes, new, hidden[[0] + path], probes, logits))
             draft_s += time.perf_counter() - t0
         yield StepEvent(step, new, from_draft, sources, tree, accepted_nodes, draft_s, verify_s, position,
                         len(state.tokens) - state.prompt_len, finish)

@@ -266,3 +266,32 @@ def test_bad_inputs_give_clear_errors(tiny_llama):
         load_target("no-such-org/no-such-model")
     with pytest.raises(ValueError, match="Unknown method"):
         make_drafter("warp", tiny_llama)
+
+
+# ---------------------------------------------------------------- prompt lookup's cost-aware policy
+def test_pld_shadow_scoring_and_length_choice():
+    """Every lookup is scored against what gets committed, sent or not; the draft length follows p and the cost curve."""
+    from types import SimpleNamespace
+
+    from specdemo.drafters.pld import PromptLookupDrafter
+
+    rel = {0: 1.0, 1: 1.5, 2: 1.7, 4: 1.7, 8: 1.7, 16: 1.9}
+    d = PromptLookupDrafter(rel_cost=rel, stats={})
+    state = SimpleNamespace(tokens=[1, 2, 3, 4, 5, 6, 1, 2, 3])
+    tree = d.propose(state)  # match "1 2 3" -> continuation 4 5 6 1 2 3; prior p = 0.5 -> worth a long draft
+    assert len(tree) > 0 and tree.tokens == [4, 5, 6, 1, 2, 3][: len(tree)]
+    state.tokens += [4, 5, 9]  # two tokens came true, the third did not
+    d.observe(state, SimpleNamespace(tokens=[4, 5, 9]))
+    assert d.stats == {(3, False): [2.0, 1.0]} and d._hit and d._shadows == []
+    # a situation whose matches keep failing is not worth its cost; one that keeps matching gets a long draft
+    d.stats = {(1, False): [1.0, 30.0], (3, True): [60.0, 2.0]}
+    assert d._best_length((1, False), 10) == 0
+    assert d._best_length((3, True), 10) == 10
+    # an unsent continuation stays pending until it is decided
+    d.stats, d._shadows = {}, [((2, False), 9, [7, 8, 9])]
+    state.tokens = [0] * 9 + [7]
+    d.observe(state, SimpleNamespace(tokens=[7]))
+    assert d._shadows and d.stats == {}
+    state.tokens += [8, 9]
+    d.observe(state, SimpleNamespace(tokens=[8, 9]))
+    assert d.stats == {(2, False): [3.0, 0.0]} and not d._shadows

@@ -3,12 +3,18 @@
 As HF's `prompt_lookup_num_tokens` and vLLM's ngram proposer: try n-gram sizes from `max_ngram` down to `min_ngram`
 over prompt + output so far; the most recent match wins; its continuation (up to `num_tokens`) is a chain draft.
 
-Cost-aware length (`adaptive=True`, the default): where a verification forward over k extra tokens costs much more
-than a 1-token step (CPU: ~1.5x already at k = 2), blindly sending 10 tokens makes PLD slower than AR (HF's PLD runs
-at 0.56x of HF greedy on the dev machine).  So the drafter keeps, per matched n-gram size, an online estimate of the
-per-token acceptance rate p (accepted / (accepted + first rejections), prior 1:1) and sends the prefix length k that
-maximises expected tokens per unit of cost, (1 + p + ... + p^k) / cost(k), with cost(k) from the measured verify
-cost curve (`specdemo.budget`).  k = 0 (a plain AR step) wins when no match is worth its cost.
+Cost-aware length (`adaptive=True`, the default): on a CPU a verification forward over k extra tokens costs much more
+than a 1-token step (2-core dev machine: ~1.5x at k = 1, ~1.7x for k = 2..12), so blindly sending 10 tokens makes
+PLD slower than AR (HF's PLD runs at 0.56x of HF greedy there).  The drafter therefore estimates the per-token
+acceptance rate p (matched / (matched + first mismatches), prior 1:1) for each *situation* -- the matched n-gram size
+and whether the previous lookup's first token came true, because copying comes in streaks -- and sends the prefix
+length k that maximises expected tokens per unit of cost, (1 + p + ... + p^k) / cost(k), with cost(k) from the
+measured verify cost curve (`specdemo.budget`).  k = 0 (a plain AR step) wins when no match is worth its cost.
+
+The estimates come from *every* lookup, sent or not: each continuation is kept as a shadow and scored against the
+tokens that actually get committed (exactly what verification would have accepted, greedy or sampled, since the
+target's choice at a position does not depend on the draft).  So a situation judged not worth drafting keeps being
+re-measured.  Estimates are shared by the requests on one model and decay (halved past 200 observations).
 """
 from __future__ import annotations
 
@@ -19,6 +25,9 @@ import numpy as np
 from ..engine import DecodeState, Drafter, Verified
 from ..tree import DraftTree
 
+_shared_stats: dict[str, dict[tuple[int, bool], list[float]]] = {}  # model name -> situation -> [matched, mismatches]
+DECAY_AT = 200
+
 
 @dataclass
 class PromptLookupDrafter(Drafter):
@@ -28,27 +37,37 @@ class PromptLookupDrafter(Drafter):
     adaptive: bool = True
     name: str = "pld"
     rel_cost: dict[int, float] | None = None  # relative verify cost by draft size; measured when None and adaptive
-    stats: dict[int, list[int]] = field(default_factory=dict)  # n-gram size -> [accepted tokens, rejections]
-    _last: tuple[int, int] = (0, 0)  # (n-gram size, draft length) of the pending proposal
+    stats: dict[tuple[int, bool], list[float]] | None = None  # (n-gram size, previous hit) -> [matched, mismatches]
+    _shadows: list[tuple[tuple[int, bool], int, list[int]]] = field(default_factory=list)  # (situation, pos, cont)
+    _hit: bool = False  # did the previous lookup's first token come true?
 
     def begin(self, state: DecodeState, prompt_hidden) -> None:
         if self.adaptive and self.rel_cost is None:
             from ..budget import relative_cost, verify_cost_curve
 
             self.rel_cost = relative_cost(verify_cost_curve(state.target, (0, 1, 2, 4, 8, 16)))
+        if self.stats is None:
+            self.stats = _shared_stats.setdefault(state.target.name, {})
+        self._shadows, self._hit = [], False
 
     def propose(self, state: DecodeState) -> DraftTree:
         n, draft = lookup_with_size(state.tokens, self.num_tokens, self.max_ngram, self.min_ngram)
-        if draft and self.adaptive and self.rel_cost:
-            draft = draft[: self._best_length(n, len(draft))]
-        self._last = (n, len(draft))
+        situation = (n, self._hit)
+        self._hit = False
+        if draft:
+            self._shadows.append((situation, len(state.tokens), draft))
+            if self.adaptive and self.rel_cost:
+                draft = draft[: self._best_length(situation, len(draft))]
         return DraftTree.chain(draft, "context")
 
-    def _best_length(self, n: int, longest: int) -> int:
+    def acceptance_rate(self, situation: tuple[int, bool]) -> float:
+        matched, misses = (self.stats or {}).get(situation, (0, 0))
+        return (matched + 1) / (matched + misses + 2)
+
+    def _best_length(self, situation: tuple[int, bool], longest: int) -> int:
         from ..budget import cost_at
 
-        acc, rej = self.stats.get(n, [0, 0])
-        p = (acc + 1) / (acc + rej + 2)
+        p = self.acceptance_rate(situation)
         best_k, best_rate, expected = 0, 1.0, 1.0
         for k in range(1, longest + 1):
             expected += p**k
@@ -58,12 +77,23 @@ class PromptLookupDrafter(Drafter):
         return best_k
 
     def observe(self, state: DecodeState, verified: Verified) -> None:
-        n, k = self._last
-        if k:
-            acc = len(verified.accepted_nodes)
-            s = self.stats.setdefault(n, [0, 0])
-            s[0] += acc
-            s[1] += acc < k  # stopped by a rejection (not by running out of draft)
+        """Score the pending shadows against the committed tokens."""
+        tokens, pending = state.tokens, []
+        this_step = len(tokens) - len(verified.tokens)  # position of the first token committed by this step
+        for situation, pos, cont in self._shadows:
+            done = tokens[pos : pos + len(cont)]
+            m = next((j for j, (a, b) in enumerate(zip(cont, done)) if a != b), None)
+            if pos == this_step:
+                self._hit = done[0] == cont[0]
+            if m is None and len(done) < len(cont):
+                pending.append((situation, pos, cont))  # not decided yet
+                continue
+            s = self.stats.setdefault(situation, [0.0, 0.0]) if self.stats is not None else [0.0, 0.0]
+            s[0] += len(cont) if m is None else m
+            s[1] += m is not None
+            if s[0] + s[1] > DECAY_AT:
+                s[0], s[1] = s[0] / 2, s[1] / 2
+        self._shadows = pending
 
 
 def make(target, **options) -> PromptLookupDrafter:

@@ -47,7 +47,6 @@ class SDSATDrafter(Drafter):
         self.chains = chains  # probe chains under at most this many main-path draft nodes (-1 = all)
         self.reset_stats()
         self._pending: list[list[int]] | None = None
-        self._captured = None
 
     def reset_stats(self) -> None:
         self.stats = {"steps": 0, "forwards_with_draft": 0, "proposed_by_depth": [0] * self.k,
@@ -56,7 +55,6 @@ class SDSATDrafter(Drafter):
     # ------------------------------------------------------------------ engine interface
     def begin(self, state: DecodeState, prompt_hidden) -> None:
         self._pending = None
-        self._captured = None
 
     def propose(self, state: DecodeState) -> DraftTree:
         ranked = self._pending or []
@@ -116,16 +114,6 @@ class SDSATDrafter(Drafter):
             return
         with self.adapter.active(torch.tensor(rows, dtype=torch.long)):
             yield
-        # the engine applies the LM head to all rows right after this block: keep the probe rows' logits
-        self._captured = None
-        lm_head = self.target.lm_head
-        holder = {}
-
-        def grab(mod, args, out):
-            holder["h"].remove()
-            if out.dim() == 2 and out.shape[0] == buffers.n:
-                self._captured = (id(buffers), out[rows])
-        holder["h"] = lm_head.register_forward_hook(grab)
 
     def observe(self, state: DecodeState, verified: Verified) -> None:
         tree = verified.tree
@@ -168,14 +156,10 @@ class SDSATDrafter(Drafter):
         self._pending = logits.topk(width, dim=-1).indices.tolist()
 
     def _probe_logits(self, verified: Verified, nodes: list[int]) -> torch.Tensor:
-        tree = verified.tree
-        probe_nodes = [i for i in range(len(tree)) if tree.is_probe(i)]
-        cap, self._captured = self._captured, None
-        if cap is not None and cap[0] == id(verified.buffers):
-            pos = {n: r for r, n in enumerate(probe_nodes)}
-            return cap[1][[pos[n] for n in nodes]]
-        h = torch.stack([verified.probe_hidden[n] for n in nodes])
-        return self.target.lm_head(h)
+        """The probe rows' logits: the engine already computed them (row i + 1 = node i) in the same forward."""
+        if verified.logits is not None:
+            return verified.logits[[n + 1 for n in nodes]]
+        return self.target.lm_head(torch.stack([verified.probe_hidden[n] for n in nodes]))
 
     def acceptance(self) -> dict:
         st = self.stats
