@@ -28,7 +28,7 @@ def run_one(target: Target, method: str, prompt_ids: list[int], max_new_tokens: 
     """One method on one prompt: tokens, wall time, accepted lengths, per-step draft/verify times."""
     if method in HF_METHODS:
         return _run_hf(target, method, prompt_ids, max_new_tokens, sampling)
-    drafter = make_drafter(method, target, **(options or {}))
+    drafter = make_drafter(method.split(":")[0], target, **(options or {}))  # "s4c:chain" = a labelled variant
     cfg = GenerationConfig(max_new_tokens=max_new_tokens, sampling=sampling)
     tokens, accept, draft, verify = [], [], [], []
     target.sync()
@@ -130,9 +130,9 @@ def format_table(result: dict) -> str:
     lines = [f"model {result['model']} ({result['dtype']}) on {result['device']}, {result['prompts']} prompts, "
              f"max_new_tokens {result['max_new_tokens']}, "
              + ("greedy" if result["sampling"]["temperature"] <= 0 else f"sampling {result['sampling']}"),
-             f"{'method':<8} {'tok/s':>8} {'speedup':>8} {'tau':>6} {'identical':>9} {'draft ms':>9} {'verify ms':>9}"]
+             f"{'method':<12} {'tok/s':>8} {'speedup':>8} {'tau':>6} {'identical':>9} {'draft ms':>9} {'verify ms':>9}"]
     for m, r in result["methods"].items():
-        lines.append(f"{m:<8} {fmt(r['tokens_per_s'], '8.2f')} {fmt(r['speedup'], '8.2f')} {fmt(r['tau'], '6.2f')} "
+        lines.append(f"{m:<12} {fmt(r['tokens_per_s'], '8.2f')} {fmt(r['speedup'], '8.2f')} {fmt(r['tau'], '6.2f')} "
                      f"{fmt(r['identical'], '9.2f')} {fmt(r['draft_ms'], '9.2f')} {fmt(r['verify_ms'], '9.2f')}")
     return "\n".join(lines)
 
@@ -161,7 +161,8 @@ def _parse_options(items: list[str]) -> dict[str, dict]:
 def register(sub) -> None:
     p = sub.add_parser("bench", help="benchmark methods side by side on a prompt set")
     p.add_argument("--model", default="embedded", help="'embedded', a hub id or a local path")
-    p.add_argument("--methods", default="ar,pld", help="comma list of ar,pld,rest,s4c,sdsat,hf,hf-pld")
+    p.add_argument("--methods", default="ar,pld", help="comma list of ar,pld,rest,s4c,sdsat,hf,hf-pld; "
+                   "METHOD:LABEL runs a labelled variant (options via --option METHOD:LABEL.NAME=VALUE)")
     p.add_argument("--prompts", default="humaneval", help="humaneval | chat | PATH.jsonl")
     p.add_argument("--limit", type=int, default=10)
     p.add_argument("--max-new-tokens", type=int, default=128)

@@ -295,3 +295,16 @@ def test_pld_shadow_scoring_and_length_choice():
     state.tokens += [8, 9]
     d.observe(state, SimpleNamespace(tokens=[8, 9]))
     assert d.stats == {(2, False): [3.0, 0.0]} and not d._shadows
+
+
+def test_bench_runs_labelled_variants_side_by_side(tiny_llama):
+    """`s4c:chain`-style labels: one drafter module, its own options, its own row; AR is always added first."""
+    from specdemo.bench import _parse_options, run_bench
+
+    opts = _parse_options(["pld:short.num_tokens=2", "pld.max_ngram=2"])
+    assert opts == {"pld:short": {"num_tokens": 2}, "pld": {"max_ngram": 2}}
+    prompts = [{"id": "a", "prompt": "one two three one two three one two"}]
+    res = run_bench(tiny_llama, ["pld", "pld:short"], prompts, 12, options=opts, warmup=False)
+    assert list(res["methods"]) == ["ar", "pld", "pld:short"]
+    assert all(m["identical"] == 1.0 for m in res["methods"].values())
+    assert all(m["tau"] >= 1.0 for m in res["methods"].values())
