@@ -108,12 +108,16 @@ class SDSATAdapter(torch.nn.Module):
         """
         handles = []
         rows_t = None if rows is None else rows.to(self.embedding.device)
+        # probes come last in a tree, so at inference the rows are usually one contiguous run: views, no gathers
+        run = None
+        if rows_t is not None and len(rows_t) and int(rows_t[-1]) - int(rows_t[0]) + 1 == len(rows_t):
+            run = slice(int(rows_t[0]), int(rows_t[-1]) + 1)
 
         def emb_hook(mod, args, out):
             if rows_t is None:
                 return self.embedding.to(out.dtype).expand_as(out)
             out = out.clone() if out.requires_grad else out
-            out[:, rows_t] = self.embedding.to(out.dtype)
+            out[:, run if run is not None else rows_t] = self.embedding.to(out.dtype)
             return out
 
         def make_hook(a: torch.Tensor, b: torch.Tensor):
@@ -121,6 +125,9 @@ class SDSATAdapter(torch.nn.Module):
                 x = args[0]
                 if rows_t is None:
                     return out + (x @ a.t()) @ b.t() * self.scale
+                if run is not None and not out.requires_grad and out.dim() == 3 and out.shape[0] == 1:
+                    out[0, run].addmm_(x[0, run] @ a.t(), b.t(), alpha=self.scale)
+                    return out
                 delta = (x[:, rows_t] @ a.t()) @ b.t() * self.scale
                 if out.requires_grad:
                     return out.index_add(1, rows_t, delta)
