@@ -33,9 +33,10 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--loops", default="fused,paper")
     ap.add_argument("--adapter", default=None)
-    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--k", type=int, default=None, help="default: the drafter's device default")
     ap.add_argument("--branching", default=None)
-    ap.add_argument("--chains", type=int, default=-1)
+    ap.add_argument("--chains", type=int, default=None)
+    ap.add_argument("--shape", default=None, help="uniform | main")
     ap.add_argument("--lookup", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--check-identical", action="store_true")
@@ -46,18 +47,18 @@ def main(argv=None) -> int:
     prompts = load_prompts(args.prompts)[: args.limit]
     cfg = GenerationConfig(max_new_tokens=args.max_new_tokens)
     result = {"prompts": args.prompts, "limit": args.limit, "k": args.k, "branching": args.branching,
-              "chains": args.chains, "lookup": args.lookup, "loops": {}}
+              "chains": args.chains, "shape": args.shape, "lookup": args.lookup, "loops": {}}
     refs = {}
     if args.check_identical:
         for p in prompts:
             refs[p["id"]] = run_to_end(target, target.encode_prompt(p["prompt"]), None, cfg)[0]
     for loop in args.loops.split(","):
         tokens = forwards = nodes = 0
-        prop = [0] * args.k
-        acc = [0] * args.k
+        prop = acc = None
         same = 0
         for p in prompts:
-            opts = dict(k=args.k, loop=loop, branching=args.branching, chains=args.chains, lookup=args.lookup)
+            opts = dict(k=args.k, loop=loop, branching=args.branching, chains=args.chains, lookup=args.lookup,
+                        shape=args.shape)
             if args.adapter:
                 opts["adapter"] = args.adapter
             d = make_drafter("sdsat", target, **opts)
@@ -66,12 +67,14 @@ def main(argv=None) -> int:
             forwards += len(events)
             nodes += sum(len(e.tree) for e in events)
             a = d.acceptance()
+            prop = prop or [0] * d.k
+            acc = acc or [0] * d.k
             prop = [x + y for x, y in zip(prop, a["proposed_by_depth"])]
             acc = [x + y for x, y in zip(acc, a["accepted_by_depth"])]
             if args.check_identical:
                 same += out == refs[p["id"]]
         cond = [(round(acc[i] / acc[i - 1], 3) if acc[i - 1] else None) if i else
-                (round(acc[0] / prop[0], 3) if prop[0] else None) for i in range(args.k)]
+                (round(acc[0] / prop[0], 3) if prop[0] else None) for i in range(len(acc))]
         r = {"tau": round(tokens / forwards, 3), "tokens": tokens, "forwards": forwards,
              "mean_tree_nodes": round(nodes / forwards, 1), "accepted_by_depth": acc, "proposed_by_depth": prop,
              "conditional_acceptance_by_depth": cond}

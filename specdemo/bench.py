@@ -108,10 +108,17 @@ def summarise(target: Target, methods: list[str], runs: dict[str, list[dict]], m
             "identical": sum(same) / len(same) if same else None,
             "draft_ms": 1e3 * statistics.median(draft) if draft else None,
             "verify_ms": 1e3 * statistics.median(verify) if verify else None,
+            "acceptance_by_depth": _acceptance_by_depth([a for r in rs for a in r["accept_lengths"]]),
             "per_prompt": [{"id": r["id"], "new_tokens": len(r["tokens"]), "wall_time": r["wall_time"],
                             "accept_lengths": r["accept_lengths"], "identical": s} for r, s in zip(rs, same)],
         }
     return out
+
+
+def _acceptance_by_depth(accept_lengths: list[int], depth: int = 8) -> list[float]:
+    """Share of steps that accepted >= d draft tokens, d = 1..depth (a step's accept length counts its own token)."""
+    n = len(accept_lengths)
+    return [round(sum(a - 1 >= d for a in accept_lengths) / n, 4) if n else 0.0 for d in range(1, depth + 1)]
 
 
 def _tps(rs: list[dict]) -> float:

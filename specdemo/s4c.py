@@ -442,13 +442,20 @@ def train(args) -> int:
 
     ckpt = out / "checkpoint.pt"
     resume = ckpt.exists() and args.resume
+    init = load_heads(target, args.init) if args.init and not resume else None  # warm start from an artifact
     if resume:
         state = torch.load(ckpt, weights_only=False)
         draft_vocab = state["model"]["draft_vocab"]
+    elif init is not None:
+        draft_vocab = init.draft_vocab.cpu()
+        args.n_heads, args.intermediate_size = init.n_heads, init.intermediate_size
     else:
         special = sorted(target.eos_ids) + list(getattr(target.tokenizer, "all_special_ids", []) or [])
         draft_vocab = build_draft_vocab(records, args.draft_vocab, target.lm_head.weight.shape[0], special)
     heads = S4CHeads(target, args.n_heads, args.intermediate_size, draft_vocab).to(dev)
+    if init is not None:
+        heads.load_state_dict({k: v.float() for k, v in init.state_dict().items()}, strict=False)
+        log(f"initialised from the heads in {args.init}")
     heads.train()
     params = [p for n, p in heads.named_parameters()]
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
@@ -566,6 +573,7 @@ def register_train(subparsers) -> None:
     p.add_argument("--log-every", type=int, default=20)
     p.add_argument("--eval-every", type=int, default=200)
     p.add_argument("--ckpt-every", type=int, default=100)
+    p.add_argument("--init", default=None, help="start from these trained heads (folder or hub id) instead of scratch")
     p.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
                    help="continue from OUT/checkpoint.pt when it exists (default)")
     p.add_argument("--feature-cache", default=None, help="folder for cached target features")

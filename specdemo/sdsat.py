@@ -402,6 +402,7 @@ class TrainConfig:
     seed: int = 0
     threads: int = 1
     max_seq: int = 512
+    init: str = ""  # start from this adapter (folder or hub id) instead of a fresh LoRA
     targets: list = field(default_factory=lambda: list(DEFAULT_TARGETS))
 
 
@@ -430,6 +431,12 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> dict:
     model.requires_grad_(False)
     token_id = default_token_id(target.tokenizer)
     adapter = SDSATAdapter(model, cfg.rank, cfg.alpha, cfg.targets, token_id, init_seed=cfg.seed)
+    if cfg.init and not (resume and (out / "checkpoint.pt").exists()):
+        start, _ = load_adapter(cfg.init, target)
+        if (start.rank, start.targets, start.token_id) != (adapter.rank, adapter.targets, adapter.token_id):
+            raise ValueError(f"--init {cfg.init}: rank/targets/token differ from this run's settings")
+        adapter.load_state_dict(start.state_dict())
+        log(f"initialised from the adapter in {cfg.init}")
     params = [p for p in adapter.parameters()]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     step, seen_tokens, probe_tokens, history, elapsed_before = 0, 0, 0, [], 0.0
@@ -561,6 +568,7 @@ def register_train(subparsers) -> None:
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--threads", type=int, default=d.threads)
     p.add_argument("--max-seq", type=int, default=d.max_seq)
+    p.add_argument("--init", default=d.init, help="start from this adapter (folder or hub id), e.g. the shipped one")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     p.set_defaults(func=_train_cli)
 

@@ -77,7 +77,7 @@ KNOBS = (
     Knob("rest", "max_suffix", "Longest suffix looked up", 1, 32, 16, "tokens matched in the datastore"),
     Knob("s4c", "budget", "Tree budget", 0, 64, 15, "draft nodes per step · 0 = auto", "auto"),
     Knob("s4c", "topk", "Top-k per head", 1, 8, 3, "candidates each head contributes"),
-    Knob("sdsat", "k", "Adaptive tokens", 1, 8, 4, "mask tokens appended per step"),
+    Knob("sdsat", "k", "Adaptive tokens", 0, 8, 0, "adaptive tokens per probe chain · 0 = auto (device default)", "omit"),
     Knob("pld", "num_tokens", "Draft length", 1, 32, 10, "tokens copied after a match"),
     Knob("pld", "max_ngram", "Longest n-gram matched", 1, 8, 3, "the suffix looked up in the context"),
 )
@@ -149,6 +149,10 @@ def availability(target: Target) -> dict[str, str | None]:
             out[m] = unavailable_reason(m, target)
         except Exception as exc:  # a half-written drafter module must not take the page down
             out[m] = f"{LABELS.get(m, m)} failed to report its status: {type(exc).__name__}: {exc}"
+    from .drafters.sdsat import SELF_VERIFY_NOTE, self_verifying
+
+    if self_verifying(target):  # a published SDSAT fine-tune: say whose output the panes show
+        out["sdsat:note"] = SELF_VERIFY_NOTE
     return out
 
 
@@ -709,7 +713,7 @@ def _generate_button(avail: dict | None, method: str | None):
 
 def on_mode(method: str, avail: dict | None):
     avail = avail or {}
-    reason = avail.get(method)
+    reason = avail.get(method) or avail.get(f"{method}:note")
     return _generate_button(avail, method), message_html(reason, "info") if reason else ""
 
 

@@ -125,7 +125,7 @@ def test_training_loss_falls(tiny_llama, tmp_path):
         intermediate_size=64, draft_vocab=512, steps=30, epochs=1, minutes=0, batch_size=3, lr=3e-3,
         weight_decay=0.0, warmup=2, noise=0.0, loss_weights=[0.1, 1.0, 1.0], max_prompt=16, max_len=64,
         holdout=0.0, seed=0, log_every=10, eval_every=1000, ckpt_every=15, resume=True,
-        feature_cache=str(tmp_path / "fc"), threads=0)
+        feature_cache=str(tmp_path / "fc"), threads=0, init=None)
     records = s4c.read_records([str(data)])
     target = t
     feats = s4c.extract_features(target, records, tmp_path / "fc" / "f.pt", 16, log=lambda m: None)
@@ -134,7 +134,7 @@ def test_training_loss_falls(tiny_llama, tmp_path):
     opt = torch.optim.AdamW(heads.parameters(), lr=3e-3)
     ids, ft, lens, starts = s4c._collate(records, feats, 16, 64, torch.float32, "cpu")
     first = last = None
-    for step in range(25):
+    for step in range(60):
         loss, ms = unrolled_losses(heads, ids, ft, lens, starts)
         opt.zero_grad()
         loss.backward()
@@ -150,6 +150,15 @@ def test_training_loss_falls(tiny_llama, tmp_path):
     assert "resumed from" in (out / "train_log.txt").read_text()
     loaded = load_heads(t, out)
     assert loaded.n_heads == 3 and json.loads((out / "config.json").read_text())["training"]["step"] == 33
+    # warm start (--init): a new run starts from those heads, not from scratch
+    warm = types.SimpleNamespace(**{**vars(args), "out": str(tmp_path / "warm"), "init": str(out), "steps": 0,
+                                    "resume": False, "n_heads": 2, "intermediate_size": 32})
+    held_first = lambda o: s4c.evaluate(load_heads(t, o), records, feats, args, "cpu")["head1"]["soft_ce"]  # noqa: E731
+    warm.steps, warm.lr = 1, 1e-9  # one (negligible) step: the exported heads are the initial ones
+    assert s4c.train(warm) == 0
+    assert "initialised from" in (tmp_path / "warm" / "train_log.txt").read_text()
+    assert abs(held_first(tmp_path / "warm") - held_first(out)) < 1e-3
+    assert load_heads(t, tmp_path / "warm").n_heads == 3  # the architecture comes from the artifact
 
 
 def test_artifact_round_trip_and_refusal(tiny, tiny_llama, tmp_path):

@@ -150,6 +150,13 @@ def test_train_cli_checkpoint_resume_and_artifact(tiny_llama, tmp_path):
             "sdsat_config.json"} <= files
     ad, meta = load_adapter(tmp_path / "out", t)
     assert meta["L"] == 3 and meta["train"]["step"] == 6
+    # warm start (--init): a new run starts from that adapter; with lr 0 it exports the same weights
+    warm = TrainConfig(**{**cfg.__dict__, "out": str(tmp_path / "warm"), "init": str(tmp_path / "out"), "steps": 1,
+                          "lr": 0.0, "heldout_frac": 0.0})
+    train(warm, log=logs.append)
+    assert any("initialised from" in m for m in logs)
+    ad2, _ = load_adapter(tmp_path / "warm", t)
+    assert all(torch.equal(a, b) for a, b in zip(ad.state_dict().values(), ad2.state_dict().values()))
 
 
 # ---------------------------------------------------------------- artifact round trip and refusal
@@ -195,17 +202,34 @@ def test_peft_can_load_the_adapter(tiny_llama, tmp_path):
 
 
 # ---------------------------------------------------------------- losslessness
-@pytest.mark.parametrize("loop,branching,lookup", [("fused", None, 0), ("fused", "2,2,1", 4), ("paper", "3,1,1", 0)])
-def test_greedy_lossless_tiny(tiny, loop, branching, lookup):
+@pytest.mark.parametrize("loop,branching,lookup,shape", [("fused", None, 0, "uniform"), ("fused", "2,2,1", 4, "uniform"),
+                                                         ("paper", "3,1,1", 0, "uniform"), ("fused", "6,2", 0, "main")])
+def test_greedy_lossless_tiny(tiny, loop, branching, lookup, shape):
     ad = _noisy_adapter(tiny)
     cfg = GenerationConfig(max_new_tokens=40)
     for text in PROMPTS[:1]:
         prompt = tiny.encode_prompt(text)
         ref, _ = run_to_end(tiny, prompt, None, cfg)
-        d = SDSATDrafter(tiny, ad, k=3, loop=loop, branching=branching, lookup=lookup)
+        d = SDSATDrafter(tiny, ad, k=3, loop=loop, branching=branching, lookup=lookup, shape=shape)
         out, events = run_to_end(tiny, prompt, d, cfg)
         assert out == ref
         assert all(not ev.tree.is_probe(i) for ev in events for i in ev.accepted_nodes)
+        if shape == "main":  # width at depth 1 only; deeper nodes hang under the top-1 path alone
+            for ev in events:
+                depth = ev.tree.depths()
+                drafts = [i for i in range(len(ev.tree)) if not ev.tree.is_probe(i)]
+                assert sum(depth[i] == 1 for i in drafts) <= 6
+                assert len({ev.tree.parents[i] for i in drafts if depth[i] == 2}) <= 1
+
+
+def test_device_default_tree_fits_the_cpu_budget(tiny_llama):
+    """The CPU default shape stays within 15 nodes (16 rows: the flat part of the CPU cost curve)."""
+    from specdemo.drafters.sdsat import make
+
+    d = make(tiny_llama, adapter=_noisy_adapter(tiny_llama))
+    d._pending = [list(range(100, 112))] * d.k  # a full set of ranked candidates for every depth
+    tree = d.propose(type("S", (), {"tokens": [1, 2, 3]})())
+    assert len(tree) <= 15 and sum(tree.is_probe(i) for i in range(len(tree))) == d.k * (d.chains + 1)
 
 
 def test_sampling_lossless_tiny(tiny_llama):
@@ -247,6 +271,31 @@ def test_unavailable_without_adapter(tiny_llama):
         make_drafter("sdsat", tiny_llama)
     with pytest.raises(ValueError):
         SDSATDrafter(tiny_llama, _noisy_adapter(tiny_llama), loop="bogus")
+
+
+def test_published_fine_tunes_verify_with_themselves(tiny_llama, monkeypatch):
+    """The paper's checkpoints (model_verifies): probes are plain rows of the adaptive token id, no adapter; the race
+    is exact against the model's own AR, and the page says whose output that is."""
+    from specdemo.drafters import sdsat as mod
+    from specdemo.ui import availability
+
+    t = tiny_llama
+    prompt = t.encode_prompt(PROMPTS[0])
+    cfg = GenerationConfig(max_new_tokens=30)
+    ref, _ = run_to_end(t, prompt, None, cfg)
+    d = make_drafter("sdsat", t, model_verifies=True, token_id=5, k=3)
+    assert isinstance(d.adapter, mod.SelfAdapter) and d.adapter.token_id == 5
+    out, events = run_to_end(t, prompt, d, cfg)
+    assert out == ref
+    assert any(ev.tree.tokens[i] == 5 for ev in events for i in range(len(ev.tree)) if ev.tree.is_probe(i))
+    with pytest.raises(ValueError, match="token_id"):
+        make_drafter("sdsat", t, model_verifies=True)  # not a published model: the id must be given
+    assert "sdsat:note" not in availability(t)
+    monkeypatch.setattr(t, "name", "ainergy/CodeLlama-SDSAT_L5_7B")
+    monkeypatch.setitem(mod.PUBLISHED, t.name, 7)
+    assert mod.unavailable_reason(t) is None
+    assert make_drafter("sdsat", t).adapter.token_id == 7  # picked by name, no option needed
+    assert "fine-tuned model" in availability(t)["sdsat:note"]
 
 
 # ---------------------------------------------------------------- the shipped adapter on the embedded model

@@ -78,7 +78,9 @@ class S4CDrafter(Drafter):
         vocab = torch.unique(torch.cat([self.heads.draft_vocab.to(t.device),
                                         torch.tensor(state.tokens, device=t.device, dtype=torch.long)]))
         self.vocab = vocab
-        self.w = self.heads.lm_weight(vocab)  # (V', d) rows of the frozen LM head
+        # (d, V'): the frozen LM head's rows for the draft vocabulary, transposed once so that the 1-3 row products of
+        # drafting take the fast matrix-vector path of the CPU kernels (about 2x faster than rows @ w.T here)
+        self.wT = self.heads.lm_weight(vocab).T.contiguous()
 
     def observe(self, state: DecodeState, verified: Verified) -> None:
         h = verified.hidden
@@ -145,7 +147,7 @@ class S4CDrafter(Drafter):
         return out[:c], [list(out[s:e]) for s, e in spans]
 
     def _dist(self, rows: torch.Tensor, k: int):
-        logp = (rows @ self.w.T).float().log_softmax(-1)
+        logp = (rows @ self.wT).float().log_softmax(-1)
         lp, idx = logp.topk(k, -1)
         return self.vocab[idx].tolist(), lp.tolist()
 

@@ -15,7 +15,8 @@ lossless.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
 
 import torch
 
@@ -35,9 +36,12 @@ class SDSATDrafter(Drafter):
     name = "sdsat"
 
     def __init__(self, target, adapter, k: int = 4, loop: str = "fused", branching=None, chains: int = -1,
-                 lookup: int = 0):
+                 lookup: int = 0, shape: str = "uniform"):
         if loop not in ("fused", "paper"):
             raise ValueError(f"loop must be 'fused' or 'paper', got {loop!r}")
+        if shape not in ("uniform", "main"):
+            raise ValueError(f"shape must be 'uniform' or 'main', got {shape!r}")
+        self.shape = shape  # uniform: every depth-d node gets the top-b_d children; main: only the top-1 path does
         self.target, self.adapter, self.k, self.loop = target, adapter, int(k), loop
         if isinstance(branching, str):
             branching = [int(x) for x in branching.replace("x", ",").split(",") if x.strip()]
@@ -64,6 +68,8 @@ class SDSATDrafter(Drafter):
         for d, cands in enumerate(ranked):
             b = self.branching[d] if d < len(self.branching) else 1
             nxt = []
+            if self.shape == "main" and d > 0:  # deeper candidates only under the top-1 path
+                frontier = main_path[-1:] if len(main_path) == d else []
             for parent in frontier:
                 for rank, tok in enumerate(cands[:b]):
                     tokens.append(tok)
@@ -183,18 +189,58 @@ def _chains(tree: DraftTree) -> dict[int, list[int]]:
     return out
 
 
-def make(target, adapter=None, k: int = 4, loop: str = "fused", branching=None, chains: int = -1, lookup: int = 0,
+# Default tree shape by device.  CPU: a verification forward costs about the same for 3-15 nodes and jumps past 16
+# rows (specdemo.budget), and the adapter's depth-1 top-5 hit rate is ~2x its top-1 while deeper drafts rarely land
+# (docs/sdsat.md), so the 15 nodes go to width at depth 1.  GPU: nodes are nearly free; k chains everywhere.
+CPU_DEFAULTS = {"k": 2, "chains": 1, "branching": "9,1", "shape": "main"}
+GPU_DEFAULTS = {"k": 4, "chains": -1, "branching": None, "shape": "uniform"}
+
+
+# The paper's published full fine-tunes and the adaptive token id their scripts repeat (ainergy-ml/SDSAT,
+# start_greedy.sh: 32011).  They draft AND verify with themselves, so their output is the fine-tuned model's, not the
+# original CodeLlama's: the race is still exact, but against the fine-tuned model's own AR decoding.
+PUBLISHED = {"ainergy/CodeLlama-SDSAT_L5_7B": 32011, "ainergy/CodeLlama-SDSAT_L7_13B": 32011}
+SELF_VERIFY_NOTE = ("This model was fine-tuned with adaptive tokens and verifies its own drafts: both panes show the "
+                    "fine-tuned model's output, which differs from the original model's.")
+
+
+class SelfAdapter:
+    """No adapter: the target itself was fine-tuned with adaptive tokens (the paper's setting), so probe rows are
+    plain forward rows of the adaptive token id."""
+
+    def __init__(self, token_id: int):
+        self.token_id = int(token_id)
+
+    def active(self, rows=None):
+        return nullcontext()
+
+
+def self_verifying(target) -> bool:
+    return target.name in PUBLISHED
+
+
+def make(target, adapter=None, k: int | None = None, loop: str = "fused", branching=None, chains: int | None = None,
+         lookup: int = 0, shape: str | None = None, model_verifies: bool | None = None, token_id: int | None = None,
          **options) -> SDSATDrafter:
     from ..sdsat import AdapterError, default_artifact_dir, load_adapter
 
-    if options.get("model_verifies"):
-        raise DrafterUnavailable("model_verifies=True (published full fine-tunes such as ainergy/CodeLlama-SDSAT_L5_7B "
-                                 "verifying with themselves) is not implemented in this build.")
     if options:
         raise ValueError(f"unknown SDSAT options: {', '.join(options)} "
-                         "(known: adapter, k, loop, branching, chains, lookup)")
+                         "(known: adapter, k, loop, branching, chains, lookup, shape, model_verifies, token_id)")
+    model_verifies = self_verifying(target) if model_verifies is None else bool(model_verifies)
+    if model_verifies:
+        token_id = PUBLISHED.get(target.name) if token_id is None else token_id
+        if token_id is None or not 0 <= int(token_id) < int(target.lm_head.weight.shape[0]):
+            raise ValueError(f"model_verifies=true needs token_id=<the adaptive token id the model was fine-tuned "
+                             f"with> within its vocabulary (got {token_id}).")
+        adapter = SelfAdapter(int(token_id))
+    dflt = CPU_DEFAULTS if target.device.type == "cpu" else GPU_DEFAULTS
+    k = int(dflt["k"] if k is None else k)  # each option left out takes the device default
+    branching = dflt["branching"] if branching is None else branching
+    chains = int(dflt["chains"] if chains is None else chains)
+    shape = shape or dflt["shape"]
     spec = adapter or default_artifact_dir(target)
-    if isinstance(spec, (str,)) or hasattr(spec, "exists"):
+    if isinstance(spec, (str,)) or isinstance(spec, Path):
         try:
             ad, _ = load_adapter(spec, target)
         except AdapterError as exc:
@@ -204,7 +250,7 @@ def make(target, adapter=None, k: int = 4, loop: str = "fused", branching=None, 
             raise DrafterUnavailable(f"{exc} Create one with `{_train_cmd(target)}`.") from exc
     else:
         ad = spec  # an SDSATAdapter object (tests)
-    return SDSATDrafter(target, ad, k=k, loop=loop, branching=branching, chains=chains, lookup=lookup)
+    return SDSATDrafter(target, ad, k=k, loop=loop, branching=branching, chains=chains, lookup=lookup, shape=shape)
 
 
 def unavailable_reason(target) -> str | None:
@@ -213,6 +259,8 @@ def unavailable_reason(target) -> str | None:
 
     from ..sdsat import CONFIG_FILE, base_config_hash, default_artifact_dir
 
+    if self_verifying(target):
+        return None
     path = default_artifact_dir(target) / CONFIG_FILE
     if not path.exists():
         return f"No SDSAT adapter for {target.name}: create it with `{_train_cmd(target)}`."
