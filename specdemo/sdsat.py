@@ -135,8 +135,15 @@ class SDSATAdapter(torch.nn.Module):
                 return out
             return hook
 
+        fast = run is not None and not torch.is_grad_enabled() and not self.embedding.requires_grad
         try:
             handles.append(self._base[0].register_forward_hook(emb_hook))
+            if fast:  # inference on one contiguous run of probe rows: grouped LoRA-A products
+                for mods, a_cat, b_list in self._inference_groups():
+                    for mod, hook in zip(mods, self._group_hooks(a_cat, b_list, run)):
+                        handles.append(mod.register_forward_hook(hook))
+                yield
+                return
             for name, mod in self._mods.items():
                 key = name.replace(".", "__")
                 handles.append(mod.register_forward_hook(make_hook(self.lora_A[key], self.lora_B[key])))
@@ -144,6 +151,45 @@ class SDSATAdapter(torch.nn.Module):
         finally:
             for h in handles:
                 h.remove()
+
+    def _inference_groups(self):
+        """Modules that read the same input (q/k/v of one layer, gate/up of one layer, ...) with their LoRA-A
+        matrices stacked, so one product serves the group; B pre-transposed and pre-scaled.  Built once and reused
+        until a weight changes (tensor versions), so a drafting step does no weight preparation."""
+        version = tuple(p._version for p in self.parameters())
+        if getattr(self, "_groups_version", None) != version:
+            groups: dict[tuple, list[str]] = {}
+            for name in self._mods:
+                parent, leaf = name.rsplit(".", 1)
+                kind = "qkv" if leaf in ("q_proj", "k_proj", "v_proj") else "gu" if leaf in ("gate_proj", "up_proj") \
+                    else leaf
+                groups.setdefault((parent, kind), []).append(name)
+            built = []
+            with torch.no_grad():
+                for names in groups.values():
+                    keys = [n.replace(".", "__") for n in names]
+                    a_cat = torch.cat([self.lora_A[k] for k in keys]).t().contiguous()  # (in, r * group)
+                    b_list = [(self.lora_B[k] * self.scale).t().contiguous() for k in keys]  # (r, out) each
+                    built.append(([self._mods[n] for n in names], a_cat, b_list))
+            self._groups, self._groups_version = built, version
+        return self._groups
+
+    def _group_hooks(self, a_cat: torch.Tensor, b_list: list[torch.Tensor], run: slice):
+        """One forward hook per module of a group: the first computes x[run] @ A_cat for the shared input, the others
+        reuse it; each adds its own slice @ B to its output rows in place."""
+        memo: list = [None, None]  # (input tensor, its product)
+        r = self.rank
+
+        def make(i: int, b: torch.Tensor):
+            def hook(mod, args, out):
+                x = args[0]
+                if memo[0] is not x:
+                    memo[0], memo[1] = x, x[0, run] @ a_cat
+                out[0, run].addmm_(memo[1][:, i * r : (i + 1) * r], b)
+                return out
+            return hook
+
+        return [make(i, b) for i, b in enumerate(b_list)]
 
     # ------------------------------------------------------------------ artifact
     def peft_state_dict(self) -> dict[str, torch.Tensor]:

@@ -75,7 +75,8 @@ class Knob:
 KNOBS = (
     Knob("rest", "budget", "Tree budget", 0, 64, 0, "draft nodes per step · 0 = auto (cost-based on CPU)", "omit"),
     Knob("rest", "max_suffix", "Longest suffix looked up", 1, 32, 16, "tokens matched in the datastore"),
-    Knob("s4c", "budget", "Tree budget", 0, 64, 15, "draft nodes per step · 0 = auto", "auto"),
+    Knob("s4c", "budget", "Tree budget", 0, 64, 0, "draft nodes per step · 0 = device default (11 on CPU, 15 on GPU)",
+         "omit"),
     Knob("s4c", "topk", "Top-k per head", 1, 8, 3, "candidates each head contributes"),
     Knob("sdsat", "k", "Adaptive tokens", 0, 8, 0, "adaptive tokens per probe chain · 0 = auto (device default)", "omit"),
     Knob("pld", "num_tokens", "Draft length", 1, 32, 10, "tokens copied after a match"),

@@ -203,7 +203,8 @@ def test_peft_can_load_the_adapter(tiny_llama, tmp_path):
 
 # ---------------------------------------------------------------- losslessness
 @pytest.mark.parametrize("loop,branching,lookup,shape", [("fused", None, 0, "uniform"), ("fused", "2,2,1", 4, "uniform"),
-                                                         ("paper", "3,1,1", 0, "uniform"), ("fused", "6,2", 0, "main")])
+                                                         ("paper", "3,1,1", 0, "uniform"), ("fused", "6,2", 0, "main"),
+                                                         ("fused", "4,1", 0, "fan")])
 def test_greedy_lossless_tiny(tiny, loop, branching, lookup, shape):
     ad = _noisy_adapter(tiny)
     cfg = GenerationConfig(max_new_tokens=40)
@@ -214,7 +215,14 @@ def test_greedy_lossless_tiny(tiny, loop, branching, lookup, shape):
         out, events = run_to_end(tiny, prompt, d, cfg)
         assert out == ref
         assert all(not ev.tree.is_probe(i) for ev in events for i in ev.accepted_nodes)
-        if shape == "main":  # width at depth 1 only; deeper nodes hang under the top-1 path alone
+        if shape == "fan":  # a probe chain under the root and under every depth-1 candidate
+            for ev in events:
+                if cfg.max_new_tokens - (ev.new_tokens - len(ev.tokens)) < 4:
+                    continue  # near the end the engine prunes the tree to the remaining length
+                depth1 = [i for i in range(len(ev.tree)) if ev.tree.parents[i] == -1 and not ev.tree.is_probe(i)]
+                chained = {ev.tree.parents[i] for i in range(len(ev.tree)) if ev.tree.is_probe(i)}
+                assert set(depth1) <= chained and -1 in chained
+        if shape in ("main", "fan"):  # width at depth 1 only; deeper nodes hang under the top-1 path alone
             for ev in events:
                 depth = ev.tree.depths()
                 drafts = [i for i in range(len(ev.tree)) if not ev.tree.is_probe(i)]

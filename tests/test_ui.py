@@ -113,7 +113,8 @@ def test_knobs_become_drafter_options():
     values = tuple(k.value for k in KNOBS)
     assert _options("pld", values) == {"num_tokens": 10, "max_ngram": 3}
     assert _options("rest", values) == {"max_suffix": 16}  # budget 0 = leave REST's own (cost-based) default
-    assert _options("s4c", tuple(0 if k.option == "budget" else k.value for k in KNOBS))["budget"] == "auto"
+    assert "budget" not in _options("s4c", values)  # 0 = the drafter's device default (11 nodes on CPU)
+    assert _options("s4c", tuple(9 if k.option == "budget" else k.value for k in KNOBS))["budget"] == 9
 
 
 # --------------------------------------------------------------------------------------------- the race loop

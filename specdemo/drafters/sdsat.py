@@ -39,10 +39,14 @@ class SDSATDrafter(Drafter):
                  lookup: int = 0, shape: str = "uniform"):
         if loop not in ("fused", "paper"):
             raise ValueError(f"loop must be 'fused' or 'paper', got {loop!r}")
-        if shape not in ("uniform", "main"):
-            raise ValueError(f"shape must be 'uniform' or 'main', got {shape!r}")
-        self.shape = shape  # uniform: every depth-d node gets the top-b_d children; main: only the top-1 path does
+        if shape not in ("uniform", "main", "fan"):
+            raise ValueError(f"shape must be 'uniform', 'main' or 'fan', got {shape!r}")
+        # uniform: every depth-d node gets the top-b_d children; main: only the top-1 path does; fan: like main, and
+        # a probe chain also hangs under every depth-1 candidate, so whichever is accepted drafts the next step
+        self.shape = shape
         self.target, self.adapter, self.k, self.loop = target, adapter, int(k), loop
+        if isinstance(branching, int):
+            branching = [branching]
         if isinstance(branching, str):
             branching = [int(x) for x in branching.replace("x", ",").split(",") if x.strip()]
         self.branching = list(branching) if branching else [1] * self.k
@@ -68,7 +72,7 @@ class SDSATDrafter(Drafter):
         for d, cands in enumerate(ranked):
             b = self.branching[d] if d < len(self.branching) else 1
             nxt = []
-            if self.shape == "main" and d > 0:  # deeper candidates only under the top-1 path
+            if self.shape in ("main", "fan") and d > 0:  # deeper candidates only under the top-1 path
                 frontier = main_path[-1:] if len(main_path) == d else []
             for parent in frontier:
                 for rank, tok in enumerate(cands[:b]):
@@ -86,6 +90,8 @@ class SDSATDrafter(Drafter):
             origins = [-1] + (main_path if self.loop == "fused" else [])
             if self.chains >= 0:
                 origins = origins[: self.chains + 1]
+            if self.shape == "fan" and self.loop == "fused":
+                origins += [i for i, p in enumerate(parents) if p == -1 and not probe[i] and i not in origins]
             for o in origins:
                 parent = o
                 for _ in range(self.k):
