@@ -120,14 +120,11 @@ class SDSATAdapter(torch.nn.Module):
             out[:, run if run is not None else rows_t] = self.embedding.to(out.dtype)
             return out
 
-        def make_hook(a: torch.Tensor, b: torch.Tensor):
+        def make_hook(a: torch.Tensor, b: torch.Tensor):  # training, and probe rows that are not one run
             def hook(mod, args, out):
                 x = args[0]
                 if rows_t is None:
                     return out + (x @ a.t()) @ b.t() * self.scale
-                if run is not None and not out.requires_grad and out.dim() == 3 and out.shape[0] == 1:
-                    out[0, run].addmm_(x[0, run] @ a.t(), b.t(), alpha=self.scale)
-                    return out
                 delta = (x[:, rows_t] @ a.t()) @ b.t() * self.scale
                 if out.requires_grad:
                     return out.index_add(1, rows_t, delta)

@@ -151,10 +151,10 @@ def test_training_loss_falls(tiny_llama, tmp_path):
     loaded = load_heads(t, out)
     assert loaded.n_heads == 3 and json.loads((out / "config.json").read_text())["training"]["step"] == 33
     # warm start (--init): a new run starts from those heads, not from scratch
-    warm = types.SimpleNamespace(**{**vars(args), "out": str(tmp_path / "warm"), "init": str(out), "steps": 0,
-                                    "resume": False, "n_heads": 2, "intermediate_size": 32})
+    # one (negligible) step: the exported heads are the initial ones
+    warm = types.SimpleNamespace(**{**vars(args), "out": str(tmp_path / "warm"), "init": str(out), "steps": 1,
+                                    "lr": 1e-9, "resume": False, "n_heads": 2, "intermediate_size": 32})
     held_first = lambda o: s4c.evaluate(load_heads(t, o), records, feats, args, "cpu")["head1"]["soft_ce"]  # noqa: E731
-    warm.steps, warm.lr = 1, 1e-9  # one (negligible) step: the exported heads are the initial ones
     assert s4c.train(warm) == 0
     assert "initialised from" in (tmp_path / "warm" / "train_log.txt").read_text()
     assert abs(held_first(tmp_path / "warm") - held_first(out)) < 1e-3

@@ -231,7 +231,7 @@ def test_greedy_lossless_tiny(tiny, loop, branching, lookup, shape):
 
 
 def test_device_default_tree_fits_the_cpu_budget(tiny_llama):
-    """The CPU default shape stays within 15 nodes (16 rows: the flat part of the CPU cost curve)."""
+    """The CPU default shape stays within 15 nodes (the part of the CPU cost curve it was sized for)."""
     from specdemo.drafters.sdsat import make
 
     d = make(tiny_llama, adapter=_noisy_adapter(tiny_llama))

@@ -195,9 +195,10 @@ def _chains(tree: DraftTree) -> dict[int, list[int]]:
     return out
 
 
-# Default tree shape by device.  CPU: a verification forward costs about the same for 3-15 nodes and jumps past 16
-# rows (specdemo.budget), and the adapter's depth-1 top-5 hit rate is ~2x its top-1 while deeper drafts rarely land
-# (docs/sdsat.md), so the 15 nodes go to width at depth 1.  GPU: nodes are nearly free; k chains everywhere.
+# Default tree shape by device.  CPU: a verification forward costs 1.3-1.7x an AR step for 4-15 nodes on the measured
+# cost curve (docs/s4c.md, "Why 11 nodes on CPU"), and the adapter's depth-1 top-5 hit rate is ~1.7x its top-1 while
+# deeper drafts rarely land (docs/sdsat.md), so the 14 nodes go to width at depth 1; the other shapes tried measured
+# within noise of it (docs/sdsat.md).  GPU: nodes are nearly free; k chains everywhere.
 CPU_DEFAULTS = {"k": 2, "chains": 1, "branching": "9,1", "shape": "main"}
 GPU_DEFAULTS = {"k": 4, "chains": -1, "branching": None, "shape": "uniform"}
 
@@ -246,7 +247,7 @@ def make(target, adapter=None, k: int | None = None, loop: str = "fused", branch
     chains = int(dflt["chains"] if chains is None else chains)
     shape = shape or dflt["shape"]
     spec = adapter or default_artifact_dir(target)
-    if isinstance(spec, (str,)) or isinstance(spec, Path):
+    if isinstance(spec, (str, Path)):
         try:
             ad, _ = load_adapter(spec, target)
         except AdapterError as exc:
