@@ -195,7 +195,7 @@ def _chains(tree: DraftTree) -> dict[int, list[int]]:
     return out
 
 
-# Default tree shape by device.  CPU: a verification forward costs 1.3-1.7x an AR step for 4-15 nodes on the measured
+# Default tree shape by device.  CPU: a verification forward costs 1.3-2x an AR step for 4-15 nodes on the measured
 # cost curve (docs/s4c.md, "Why 11 nodes on CPU"), and the adapter's depth-1 top-5 hit rate is ~1.7x its top-1 while
 # deeper drafts rarely land (docs/sdsat.md), so the 14 nodes go to width at depth 1; the other shapes tried measured
 # within noise of it (docs/sdsat.md).  GPU: nodes are nearly free; k chains everywhere.
