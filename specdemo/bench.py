@@ -129,7 +129,8 @@ def _tps(rs: list[dict]) -> float:
 def _device_name(target: Target) -> str:
     if target.device.type == "cuda":
         return torch.cuda.get_device_name(target.device)
-    return f"cpu ({torch.get_num_threads()} threads)"
+    kernels = ", oneDNN packed linears" if target.packed_linears else ""
+    return f"cpu ({torch.get_num_threads()} threads{kernels})"
 
 
 def format_table(result: dict) -> str:

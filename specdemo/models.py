@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from .cpu_linear import use_packed_linears
+
 EMBEDDED = "embedded"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -45,6 +47,7 @@ class Target:
     max_positions: int
     identity: str  # tokenizer/model identity, used to refuse artifacts built for another model
     tree_ok: bool | None = None  # set by check_tree_support
+    packed_linears: int = 0  # linear layers on the oneDNN packed-weight CPU path (cpu_linear.py); 0 = plain F.linear
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False)  # serialises model work
 
     @property
@@ -191,6 +194,7 @@ def load_target(name: str = EMBEDDED, device: str | None = None, dtype: str | No
         model.to(dev)
     model.eval()
     model.requires_grad_(False)
+    packed = use_packed_linears(model) if dev.type == "cpu" else 0
     eos = set()
     for src in (model.generation_config.eos_token_id, tok.eos_token_id):
         if src is None:
@@ -199,7 +203,7 @@ def load_target(name: str = EMBEDDED, device: str | None = None, dtype: str | No
     max_pos = int(getattr(model.config, "max_position_embeddings", 0) or getattr(tok, "model_max_length", 2048))
     identity = tokenizer_identity(tok)
     first = next(model.parameters())
-    return Target(label, model, tok, first.device, first.dtype, eos, max_pos, identity)
+    return Target(label, model, tok, first.device, first.dtype, eos, max_pos, identity, packed_linears=packed)
 
 
 def find_spec_missing(mod: str) -> bool:

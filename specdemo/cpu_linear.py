@@ -1,0 +1,73 @@
+"""CPU fast path for the model's linear layers: oneDNN on weights packed once (what torch.compile's CPU freezing pass
+emits), instead of `F.linear`'s MKL call that re-packs the weight on every small-batch GEMM.
+
+Why it matters here: a verification forward over root + n tree nodes is a GEMM with n + 1 rows.  With plain
+`F.linear` on this CPU, 2-16 rows cost 1.5-2x one row (MKL packs the whole weight per call for M > 1), so trees barely
+paid.  With packed weights one row is ~1.5x faster (AR gets faster too) and 15 rows cost ~1.4x one row
+(`scripts/verify_cost_curve.py`).  Each row's result is also the same whether it is computed alone or among 15 rows,
+which keeps the tree's logits those of sequential decoding.
+
+Only no-grad CPU forwards use the packed weight; training (autograd), other devices and dtypes take `F.linear`.  The
+dense weight stays (tied embeddings, training) and is re-packed if it changes.  Opt out: SPECDEMO_PACKED_LINEAR=0.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+
+
+def available() -> bool:
+    return (os.environ.get("SPECDEMO_PACKED_LINEAR", "1") != "0" and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
+class PackedLinear(torch.nn.Linear):
+    """An nn.Linear (same Parameters, so ties and state_dict keys are unchanged) with a packed-weight no-grad path."""
+
+    @classmethod
+    def wrap(cls, lin: torch.nn.Linear) -> "PackedLinear":
+        new = cls.__new__(cls)
+        torch.nn.Module.__init__(new)
+        new.in_features, new.out_features = lin.in_features, lin.out_features
+        new.register_parameter("weight", lin.weight)  # the same Parameter objects: ties survive
+        new.register_parameter("bias", lin.bias)
+        new._packed, new._packed_key = None, None
+        return new
+
+    def _packed_weight(self) -> torch.Tensor | None:
+        w = self.weight
+        if w.device.type != "cpu" or w.dtype != torch.float32:
+            return None
+        key = (w.data_ptr(), w._version)
+        if self._packed_key != key:
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), None)
+            self._packed_key = key
+        return self._packed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.is_grad_enabled() and x.device.type == "cpu" and x.dtype == torch.float32:
+            packed = self._packed_weight()
+            if packed is not None:
+                return torch.ops.mkldnn._linear_pointwise(x, packed, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
+
+def use_packed_linears(model: torch.nn.Module, max_bytes: int | None = None) -> int:
+    """Swap every nn.Linear of a CPU fp32 model for a PackedLinear; returns how many were swapped (0 = not used).
+
+    The packed copies double the linear weights' memory, so this is skipped when they would exceed `max_bytes`
+    (default: a quarter of physical memory).
+    """
+    if not available():
+        return 0
+    linears = [(n, m) for n, m in model.named_modules() if type(m) is torch.nn.Linear
+               and m.weight.device.type == "cpu" and m.weight.dtype == torch.float32]
+    if max_bytes is None:
+        max_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+    if not linears or sum(m.weight.numel() * 4 for _, m in linears) > max_bytes:
+        return 0
+    for name, lin in linears:
+        model.set_submodule(name, PackedLinear.wrap(lin))
+    return len(linears)

@@ -1,0 +1,67 @@
+"""The oneDNN packed-weight linear path (cpu_linear.py): same results as F.linear, autograd untouched, ties kept."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specdemo import cpu_linear
+from specdemo.cpu_linear import PackedLinear, use_packed_linears
+
+pytestmark = pytest.mark.skipif(not cpu_linear.available(), reason="this torch build has no oneDNN linear ops")
+
+
+def _model():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, tie_word_embeddings=True)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def test_packed_model_matches_plain_and_keeps_ties_and_keys():
+    model = _model()
+    ids = torch.randint(0, 300, (1, 17))
+    with torch.no_grad():
+        want = model(ids).logits
+    keys = list(model.state_dict())
+    n = use_packed_linears(model)
+    assert n == 2 * 7 + 1  # 7 linears per layer + the LM head
+    assert all(type(m) is not torch.nn.Linear for m in model.modules())
+    assert model.lm_head.weight is model.get_input_embeddings().weight  # the tie survives the swap
+    assert list(model.state_dict()) == keys
+    with torch.no_grad():
+        got = model(ids).logits
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 7, 15, 16, 33])
+def test_packed_linear_any_row_count_and_strided_input(rows):
+    lin = torch.nn.Linear(48, 80)
+    packed = PackedLinear.wrap(lin)
+    x = torch.randn(1, rows, 96)[..., ::2]  # non-contiguous input
+    with torch.no_grad():
+        torch.testing.assert_close(packed(x), F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
+
+
+def test_weight_change_is_seen_and_autograd_uses_plain_path():
+    lin = torch.nn.Linear(32, 16, bias=False)
+    packed = PackedLinear.wrap(lin)
+    x = torch.randn(4, 32)
+    with torch.no_grad():
+        before = packed(x)
+        lin.weight.mul_(2)  # in place, as an optimizer step would
+        torch.testing.assert_close(packed(x), 2 * before, rtol=1e-5, atol=1e-5)
+    w = torch.nn.Parameter(torch.randn(16, 32))
+    packed.weight = w
+    y = packed(x.requires_grad_())
+    y.sum().backward()
+    torch.testing.assert_close(w.grad, torch.ones(4, 16).t() @ x.detach())
+
+
+def test_opt_out_and_memory_guard(monkeypatch):
+    monkeypatch.setenv("SPECDEMO_PACKED_LINEAR", "0")
+    assert use_packed_linears(_model()) == 0
+    monkeypatch.delenv("SPECDEMO_PACKED_LINEAR")
+    assert use_packed_linears(_model(), max_bytes=1000) == 0  # would not fit: left as it is
