@@ -1,8 +1,8 @@
 """How many draft nodes a verification forward can afford: measured, once per loaded model and device.
 
 On a GPU a forward over 64 tokens costs about what one token costs (memory bound), so tree drafters use the paper's
-64 nodes there.  On a CPU the cost grows with the tree (on the 2-core dev machine a 16-node tree costs ~1.6-1.8x a
-1-token step), so a drafter must pick its tree size from the measured curve, or it ends up slower than AR.
+64 nodes there.  On a CPU the cost grows with the tree (on the 2-core dev machine, with the packed linears of
+cpu_linear.py, 2-5 nodes cost about one 1-token step, 10 nodes ~1.15x, 16 nodes ~1.4x), so a drafter must pick its tree size from the measured curve, or it ends up slower than AR.
 
     verify_cost_curve(target, sizes)  -> {draft nodes: seconds of one verification forward}  (0 = a plain AR step)
     relative_cost(curve)              -> the same, divided by the AR step

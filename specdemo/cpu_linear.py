@@ -47,7 +47,8 @@ class PackedLinear(torch.nn.Linear):
         return self._packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not torch.is_grad_enabled() and x.device.type == "cpu" and x.dtype == torch.float32:
+        if not torch.is_grad_enabled() and x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() >= 2 \
+                and x.numel():
             packed = self._packed_weight()
             if packed is not None:
                 return torch.ops.mkldnn._linear_pointwise(x, packed, self.bias, "none", [], "")

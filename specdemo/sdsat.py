@@ -476,10 +476,13 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> dict:
     adapter = SDSATAdapter(model, cfg.rank, cfg.alpha, cfg.targets, token_id, init_seed=cfg.seed)
     if cfg.init and not (resume and (out / "checkpoint.pt").exists()):
         start, _ = load_adapter(cfg.init, target)
-        if (start.rank, start.targets, start.token_id) != (adapter.rank, adapter.targets, adapter.token_id):
-            raise ValueError(f"--init {cfg.init}: rank/targets/token differ from this run's settings")
-        adapter.load_state_dict(start.state_dict())
-        log(f"initialised from the adapter in {cfg.init}")
+        if (start.rank, start.alpha, start.token_id) != (adapter.rank, adapter.alpha, adapter.token_id) \
+                or not set(adapter.targets) <= set(start.targets):
+            raise ValueError(f"--init {cfg.init}: rank/alpha/token differ from this run's settings, or it lacks some "
+                             f"of the targets {list(adapter.targets)} (it has {list(start.targets)})")
+        adapter.load_state_dict({k: v for k, v in start.state_dict().items() if k in adapter.state_dict()})
+        log(f"initialised from the adapter in {cfg.init}" + (f" (its {', '.join(adapter.targets)} LoRA only)"
+                                                             if adapter.targets != start.targets else ""))
     params = [p for p in adapter.parameters()]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     step, seen_tokens, probe_tokens, history, elapsed_before = 0, 0, 0, [], 0.0
@@ -611,6 +614,8 @@ def register_train(subparsers) -> None:
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--threads", type=int, default=d.threads)
     p.add_argument("--max-seq", type=int, default=d.max_seq)
+    p.add_argument("--targets", default=",".join(d.targets),
+                   help="comma list of the linear layers that get LoRA (fewer = cheaper probe rows at inference)")
     p.add_argument("--init", default=d.init, help="start from this adapter (folder or hub id), e.g. the shipped one")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     p.set_defaults(func=_train_cli)
@@ -618,6 +623,7 @@ def register_train(subparsers) -> None:
 
 def _train_cli(args) -> int:
     cfg = TrainConfig(**{k: getattr(args, k) for k in TrainConfig.__dataclass_fields__ if hasattr(args, k)})
+    cfg.targets = [t.strip() for t in str(args.targets).split(",") if t.strip()]
 
     def log(msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)

@@ -45,6 +45,14 @@ def test_packed_linear_any_row_count_and_strided_input(rows):
         torch.testing.assert_close(packed(x), F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
 
 
+def test_packed_linear_1d_and_empty_inputs():
+    lin = torch.nn.Linear(8, 4)
+    packed = PackedLinear.wrap(lin)
+    with torch.no_grad():
+        for x in (torch.randn(8), torch.randn(0, 8), torch.randn(1, 0, 8)):
+            torch.testing.assert_close(packed(x), lin(x))
+
+
 def test_weight_change_is_seen_and_autograd_uses_plain_path():
     lin = torch.nn.Linear(32, 16, bias=False)
     packed = PackedLinear.wrap(lin)

@@ -157,6 +157,16 @@ def test_train_cli_checkpoint_resume_and_artifact(tiny_llama, tmp_path):
     assert any("initialised from" in m for m in logs)
     ad2, _ = load_adapter(tmp_path / "warm", t)
     assert all(torch.equal(a, b) for a, b in zip(ad.state_dict().values(), ad2.state_dict().values()))
+    # ... or from a subset of its targets (fewer LoRA modules = cheaper probe rows); a target it lacks is refused
+    sub = TrainConfig(**{**warm.__dict__, "out": str(tmp_path / "sub"), "targets": ["gate_proj", "up_proj"]})
+    train(sub, log=logs.append)
+    ad3, meta3 = load_adapter(tmp_path / "sub", t)
+    assert meta3["targets"] == ["gate_proj", "up_proj"] and len(ad3._mods) == 2 * t.model.config.num_hidden_layers
+    full = ad.state_dict()
+    assert all(torch.equal(v, full[k]) for k, v in ad3.state_dict().items())
+    with pytest.raises(ValueError, match="lacks some of the targets"):
+        train(TrainConfig(**{**sub.__dict__, "out": str(tmp_path / "bad"), "init": str(tmp_path / "sub"),
+                             "targets": ["q_proj", "gate_proj"]}), log=logs.append)
 
 
 # ---------------------------------------------------------------- artifact round trip and refusal
