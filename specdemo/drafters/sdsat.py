@@ -195,11 +195,11 @@ def _chains(tree: DraftTree) -> dict[int, list[int]]:
     return out
 
 
-# Default tree shape by device.  CPU: a verification forward costs 1.3-2x an AR step for 4-15 nodes on the measured
-# cost curve (docs/s4c.md, "Why 11 nodes on CPU"), and the adapter's depth-1 top-5 hit rate is ~1.7x its top-1 while
-# deeper drafts rarely land (docs/sdsat.md), so the 14 nodes go to width at depth 1; the other shapes tried measured
-# within noise of it (docs/sdsat.md).  GPU: nodes are nearly free; k chains everywhere.
-CPU_DEFAULTS = {"k": 2, "chains": 1, "branching": "9,1", "shape": "main"}
+# Default tree shape by device.  CPU: 9 nodes -- 4 candidates at depth 1, one at depth 2 under the top-1, probe chains
+# of 2 under the root and under the top-1.  Side by side on assets/prompts/tune.jsonl (training prompts, shipped
+# gate/up adapter; docs/sdsat.md) the 6-14-node shapes tried all gave 1.25-1.40x; this one 1.37x at tau 1.74.
+# GPU: nodes are nearly free; k chains everywhere.
+CPU_DEFAULTS = {"k": 2, "chains": 1, "branching": "4,1", "shape": "main"}
 GPU_DEFAULTS = {"k": 4, "chains": -1, "branching": None, "shape": "uniform"}
 
 
