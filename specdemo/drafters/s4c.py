@@ -271,7 +271,8 @@ class S4CDrafter(Drafter):
         return DraftTree(toks, parents, src)
 
 
-# Default node budget.  CPU: 11 -- on the 2-core dev machine a verification of 12 rows (root + 11) sits in a cheap
+# Default node budget.  CPU: 11 -- chosen with plain F.linear (see docs/s4c.md; with cpu_linear.py nodes got cheaper
+# and README "Benchmarks" compares 11 and 15 side by side). Then a verification of 12 rows (root + 11) sat in a cheap
 # spot of the measured cost curve (~1.5-1.65x an AR step; 15 nodes ~1.6-1.8x; row counts 3, 7, 11, 15 are slow kernel
 # cases), and in side-by-side bench runs 7/11/15 nodes gave 1.31/1.28/1.21x on HumanEval and 1.19/1.18/1.18x on chat,
 # with tau falling as the tree shrinks (2.34/2.53/2.59 and 2.11/2.21/2.26); 11 keeps most of the tau.  Elsewhere 15.
