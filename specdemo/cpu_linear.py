@@ -70,5 +70,7 @@ def use_packed_linears(model: torch.nn.Module, max_bytes: int | None = None) -> 
     if not linears or sum(m.weight.numel() * 4 for _, m in linears) > max_bytes:
         return 0
     for name, lin in linears:
-        model.set_submodule(name, PackedLinear.wrap(lin))
+        packed = PackedLinear.wrap(lin)
+        packed._packed_weight()  # pack now (~1-2 s for the embedded model), not in whichever request comes first
+        model.set_submodule(name, packed)
     return len(linears)
