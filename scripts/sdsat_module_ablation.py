@@ -18,7 +18,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from specdemo.models import load_target  # noqa: E402
-from specdemo.sdsat import default_artifact_dir, evaluate, is_heldout, load_adapter, read_selfdistill  # noqa: E402
+from specdemo.sdsat import TrainConfig, default_artifact_dir, evaluate, load_adapter, split_records  # noqa: E402
 
 SUBSETS = {
     "all": None,
@@ -40,9 +40,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     t = load_target(args.model)
     ad, _ = load_adapter(args.adapter or default_artifact_dir(t), t)
-    recs = [r for r in read_selfdistill(args.data)
-            if len(r["answer_ids"]) >= 3 and len(r["prompt_ids"]) + len(r["answer_ids"]) <= 512]
-    held = [r for r in recs if is_heldout(r["id"], args.heldout_frac)][: args.heldout_max]
+    _, held = split_records(args.data, args.heldout_frac, args.heldout_max, TrainConfig.max_seq)
     saved = {k: v.detach().clone() for k, v in ad.lora_B.items()}
     for name, keep in SUBSETS.items():
         if keep is not None and not set(keep) <= set(ad.targets):

@@ -2,7 +2,8 @@
 
 On a GPU a forward over 64 tokens costs about what one token costs (memory bound), so tree drafters use the paper's
 64 nodes there.  On a CPU the cost grows with the tree (on the 2-core dev machine, with the packed linears of
-cpu_linear.py, 2-5 nodes cost about one 1-token step, 10 nodes ~1.15x, 16 nodes ~1.4x), so a drafter must pick its tree size from the measured curve, or it ends up slower than AR.
+cpu_linear.py, 2-5 nodes cost about one 1-token step, 10 nodes ~1.15x, 16 nodes ~1.4x), so a drafter must pick its
+tree size from the measured curve, or it ends up slower than AR.
 
     verify_cost_curve(target, sizes)  -> {draft nodes: seconds of one verification forward}  (0 = a plain AR step)
     relative_cost(curve)              -> the same, divided by the AR step

@@ -314,6 +314,14 @@ def is_heldout(rec_id: str, frac: float) -> bool:
     return (h % 10_000) < frac * 10_000
 
 
+def split_records(path: str | Path, heldout_frac: float, heldout_max: int, max_seq: int) -> tuple[list, list]:
+    """(training, held-out) records of a self-distilled corpus: usable lengths only, held-out by id hash."""
+    recs = [r for r in read_selfdistill(path)
+            if len(r["answer_ids"]) >= 3 and len(r["prompt_ids"]) + len(r["answer_ids"]) <= max_seq]
+    held = [r for r in recs if is_heldout(r["id"], heldout_frac)][:heldout_max]
+    return [r for r in recs if not is_heldout(r["id"], heldout_frac)], held
+
+
 def build_probes(seq: list[int], start: int, L: int, rate: float, rng: random.Random | None, max_probes: int,
                  token_id: int):
     """Adaptive chains for one clean sequence.
@@ -480,7 +488,8 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> dict:
                 or not set(adapter.targets) <= set(start.targets):
             raise ValueError(f"--init {cfg.init}: rank/alpha/token differ from this run's settings, or it lacks some "
                              f"of the targets {list(adapter.targets)} (it has {list(start.targets)})")
-        adapter.load_state_dict({k: v for k, v in start.state_dict().items() if k in adapter.state_dict()})
+        own = adapter.state_dict()
+        adapter.load_state_dict({k: v for k, v in start.state_dict().items() if k in own})
         log(f"initialised from the adapter in {cfg.init}" + (f" (its {', '.join(adapter.targets)} LoRA only)"
                                                              if adapter.targets != start.targets else ""))
     params = [p for p in adapter.parameters()]
@@ -499,11 +508,7 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> dict:
         log(f"resumed from {ckpt} at step {step}")
 
     def load_split():
-        recs = [r for r in read_selfdistill(cfg.data)
-                if len(r["answer_ids"]) >= 3 and len(r["prompt_ids"]) + len(r["answer_ids"]) <= cfg.max_seq]
-        held = [r for r in recs if is_heldout(r["id"], cfg.heldout_frac)][: cfg.heldout_max]
-        tr = [r for r in recs if not is_heldout(r["id"], cfg.heldout_frac)]
-        return tr, held
+        return split_records(cfg.data, cfg.heldout_frac, cfg.heldout_max, cfg.max_seq)
 
     train_recs, held = load_split()
     if not train_recs:
