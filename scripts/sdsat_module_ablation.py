@@ -33,14 +33,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="embedded")
     ap.add_argument("--adapter", default=None)
-    ap.add_argument("--data", default="assets/corpus/selfdistill.jsonl.gz")
+    ap.add_argument("--data", nargs="+", default=["assets/corpus/selfdistill.jsonl.gz"])
     ap.add_argument("--L", type=int, default=3)
-    ap.add_argument("--heldout-frac", type=float, default=0.1)
     ap.add_argument("--heldout-max", type=int, default=8)
     args = ap.parse_args(argv)
     t = load_target(args.model)
     ad, _ = load_adapter(args.adapter or default_artifact_dir(t), t)
-    _, held = split_records(args.data, args.heldout_frac, args.heldout_max, TrainConfig.max_seq)
+    _, held = split_records(args.data, args.heldout_max, TrainConfig.max_seq)
     saved = {k: v.detach().clone() for k, v in ad.lora_B.items()}
     for name, keep in SUBSETS.items():
         if keep is not None and not set(keep) <= set(ad.targets):

@@ -4,6 +4,9 @@ Speed is only ever reported as measured here, side by side: speedup = method tok
 run.  tau = new tokens ÷ target forwards (AR = 1.00, the bonus token counted, as Spec-Bench does).  identical = share
 of prompts whose tokens equal AR's.  `hf` / `hf-pld` are transformers' own `generate` (greedy or sampling, and
 `prompt_lookup_num_tokens=10`) on the same inputs, as outside reference points.
+
+Prompts that carry a `group` (the Spec-Bench tasks) are also summarised per group, with the same formulas over that
+group's prompts only, because an average over tasks hides where a drafter wins and where it costs time.
 """
 from __future__ import annotations
 
@@ -68,11 +71,13 @@ def _run_hf(target: Target, method: str, prompt_ids: list[int], max_new_tokens: 
 def run_bench(target: Target, methods: list[str], prompts: list[dict], max_new_tokens: int,
               sampling: SamplingConfig | None = None, options: dict[str, dict] | None = None,
               progress: Callable[[int, int, str, str], None] | None = None, warmup: bool = True) -> dict:
-    """Run `methods` (AR is added first if missing) over `prompts`; returns the bench JSON (see module doc)."""
+    """Run `methods` (AR is added first if missing) over `prompts` ({"id","prompt"} and an optional "group");
+    returns the bench JSON (see module doc)."""
     sampling = sampling or SamplingConfig()
     methods = ["ar"] + [m for m in methods if m != "ar"]
     options = options or {}
     encoded = [(p["id"], target.encode_prompt(p["prompt"])) for p in prompts]
+    groups = [p.get("group") for p in prompts]
     if warmup and encoded:
         for m in methods:  # one short run per method: allocator, kernels, datastore pages, cost curves
             run_one(target, m, encoded[0][1], min(16, max_new_tokens), sampling, options.get(m))
@@ -83,36 +88,49 @@ def run_bench(target: Target, methods: list[str], prompts: list[dict], max_new_t
             if progress:
                 progress(i * len(methods) + j, total, str(pid), m)
             r = run_one(target, m, ids, max_new_tokens, sampling, options.get(m))
-            r["id"] = pid
+            r["id"], r["group"] = pid, groups[i]
             runs[m].append(r)
     return summarise(target, methods, runs, max_new_tokens, sampling)
 
 
 def summarise(target: Target, methods: list[str], runs: dict[str, list[dict]], max_new_tokens: int,
               sampling: SamplingConfig) -> dict:
+    """The bench JSON from raw runs ({method: [{"id", "tokens", "wall_time", "accept_lengths", "draft_s",
+    "verify_s"[, "group"]}]}, one entry per prompt, AR included).  `groups` is {group: {method: {"speedup", "tau",
+    "tokens_per_s", "identical", "prompts"}}} over the prompts that carry a group, in first-seen order ({} if none)."""
     ar = {r["id"]: r["tokens"] for r in runs["ar"]}
     ar_tps = _tps(runs["ar"])
     out = {"device": _device_name(target), "model": target.name, "dtype": str(target.dtype).replace("torch.", ""),
-           "max_new_tokens": max_new_tokens, "sampling": vars(sampling), "prompts": len(runs["ar"]), "methods": {}}
+           "max_new_tokens": max_new_tokens, "sampling": vars(sampling), "prompts": len(runs["ar"]), "methods": {},
+           "groups": {}}
     for m in methods:
         rs = runs[m]
-        steps = sum(len(r["accept_lengths"]) for r in rs)
-        new = sum(len(r["tokens"]) for r in rs)
         draft = [s for r in rs for s in r["draft_s"]]
         verify = [s for r in rs for s in r["verify_s"]]
         same = [r["tokens"] == ar[r["id"]] for r in rs]
         out["methods"][m] = {
-            "tokens_per_s": _tps(rs),
-            "speedup": _tps(rs) / ar_tps if ar_tps else None,
-            "tau": new / steps if steps else None,
-            "identical": sum(same) / len(same) if same else None,
+            **{k: v for k, v in _figures(rs, ar, ar_tps).items() if k != "prompts"},
             "draft_ms": 1e3 * statistics.median(draft) if draft else None,
             "verify_ms": 1e3 * statistics.median(verify) if verify else None,
             "acceptance_by_depth": _acceptance_by_depth([a for r in rs for a in r["accept_lengths"]]),
-            "per_prompt": [{"id": r["id"], "new_tokens": len(r["tokens"]), "wall_time": r["wall_time"],
-                            "accept_lengths": r["accept_lengths"], "identical": s} for r, s in zip(rs, same)],
+            "per_prompt": [{"id": r["id"], "group": r.get("group"), "new_tokens": len(r["tokens"]),
+                            "wall_time": r["wall_time"], "accept_lengths": r["accept_lengths"], "identical": s}
+                           for r, s in zip(rs, same)],
         }
+    for g in dict.fromkeys(r.get("group") for r in runs["ar"] if r.get("group")):
+        ar_g = _tps([r for r in runs["ar"] if r.get("group") == g])
+        out["groups"][g] = {m: _figures([r for r in runs[m] if r.get("group") == g], ar, ar_g) for m in methods}
     return out
+
+
+def _figures(rs: list[dict], ar_tokens: dict, ar_tps: float) -> dict:
+    """tokens/s, speedup against `ar_tps` (AR over the same prompts), tau and identical share over the runs `rs`."""
+    steps = sum(len(r["accept_lengths"]) for r in rs)
+    new = sum(len(r["tokens"]) for r in rs)
+    same = [r["tokens"] == ar_tokens[r["id"]] for r in rs]
+    return {"tokens_per_s": _tps(rs), "speedup": _tps(rs) / ar_tps if ar_tps else None,
+            "tau": new / steps if steps else None, "identical": sum(same) / len(same) if same else None,
+            "prompts": len(rs)}
 
 
 def _acceptance_by_depth(accept_lengths: list[int], depth: int = 8) -> list[float]:
@@ -142,7 +160,29 @@ def format_table(result: dict) -> str:
     for m, r in result["methods"].items():
         lines.append(f"{m:<12} {fmt(r['tokens_per_s'], '8.2f')} {fmt(r['speedup'], '8.2f')} {fmt(r['tau'], '6.2f')} "
                      f"{fmt(r['identical'], '9.2f')} {fmt(r['draft_ms'], '9.2f')} {fmt(r['verify_ms'], '9.2f')}")
+    rows = group_rows(result)
+    if rows:
+        methods = list(result["methods"])
+        widths = [max(len("group"), *(len(g) for g, _, _ in rows))] + \
+                 [max(len(m), *(len(cells[i]) for _, _, cells in rows)) for i, m in enumerate(methods)]
+        lines += ["", "per group: speedup x / tau (same formulas over the group's prompts)",
+                  " ".join([f"{'group':<{widths[0]}}"] + [f"{m:>{w}}" for m, w in zip(methods, widths[1:])])]
+        for g, _, cells in rows:
+            lines.append(" ".join([f"{g:<{widths[0]}}"] + [f"{c:>{w}}" for c, w in zip(cells, widths[1:])]))
     return "\n".join(lines)
+
+
+def group_rows(result: dict) -> list[tuple[str, int, list[str]]]:
+    """(group, prompts, cells) per group and then "overall", a cell "1.23x/1.85" (speedup/tau, "-" where a method has
+    no such figure, as the hf methods have no tau) per method; [] when the result has no groups."""
+    if not result.get("groups"):
+        return []
+    fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
+    cell = lambda r: f"{fmt(r.get('speedup'), '.2f')}x/{fmt(r.get('tau'), '.2f')}" if r else "-"  # noqa: E731
+    methods = list(result["methods"])
+    rows = [(g, max((r["prompts"] for r in by_m.values()), default=0), [cell(by_m.get(m)) for m in methods])
+            for g, by_m in result["groups"].items()]
+    return rows + [("overall", result["prompts"], [cell(result["methods"][m]) for m in methods])]
 
 
 def _parse_options(items: list[str]) -> dict[str, dict]:
@@ -171,8 +211,12 @@ def register(sub) -> None:
     p.add_argument("--model", default="embedded", help="'embedded', a hub id or a local path")
     p.add_argument("--methods", default="ar,pld", help="comma list of ar,pld,rest,s4c,sdsat,hf,hf-pld; "
                    "METHOD:LABEL runs a labelled variant (options via --option METHOD:LABEL.NAME=VALUE)")
-    p.add_argument("--prompts", default="humaneval", help="humaneval | chat | PATH.jsonl")
-    p.add_argument("--limit", type=int, default=10)
+    p.add_argument("--prompts", default="humaneval", help="humaneval | chat | spec_bench | PATH.jsonl")
+    p.add_argument("--limit", type=int, default=None,
+                   help="the first N prompts (default 10); not combined with --per-group, which picks its own")
+    p.add_argument("--per-group", type=int, default=0,
+                   help="N prompts from each group (Spec-Bench task), spread evenly and deterministically "
+                        "(0 = off); only for prompt sets with groups: spec_bench or a Spec-Bench JSONL")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -186,6 +230,26 @@ def register(sub) -> None:
     p.set_defaults(func=_cli)
 
 
+def select_prompts(prompts: list[dict], name: str, limit: int | None, per_group: int) -> list[dict]:
+    """The CLI's choice of prompts: `per_group` from each group (stratified) when it is > 0, else the first `limit`
+    (10 when None).  Checked before the model loads, so a wrong flag fails in a second, not after a download."""
+    from .prompts import has_groups, stratified
+
+    if per_group < 0:
+        raise ValueError("--per-group must be 0 (off) or positive")
+    if per_group:
+        if limit is not None:
+            raise ValueError("--limit and --per-group do not combine: --per-group N already picks N per group")
+        if not has_groups(prompts):
+            raise ValueError(f"--per-group needs a prompt set whose prompts have groups (--prompts spec_bench or a "
+                             f"Spec-Bench JSONL); '{name}' has none, use --limit instead")
+        return stratified(prompts, per_group)
+    limit = 10 if limit is None else limit
+    if limit <= 0:
+        raise ValueError("--limit must be positive")
+    return prompts[:limit]
+
+
 def _cli(args) -> int:
     from .models import load_target
     from .prompts import load_prompts
@@ -193,9 +257,9 @@ def _cli(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    if args.limit <= 0 or args.max_new_tokens <= 0:
-        raise ValueError("--limit and --max-new-tokens must be positive")
-    prompts = load_prompts(args.prompts)[: args.limit]
+    prompts = select_prompts(load_prompts(args.prompts), args.prompts, args.limit, args.per_group)
+    if args.max_new_tokens <= 0:
+        raise ValueError("--max-new-tokens must be positive")
     target = load_target(args.model, args.device, args.dtype)
     sampling = SamplingConfig(args.temperature, args.top_p, args.top_k, args.seed)
     sampling.validate()

@@ -22,6 +22,8 @@ from pathlib import Path
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 PROMPTS_PATH = ASSETS / "corpus" / "prompts.jsonl"
 SELFDISTILL_PATH = ASSETS / "corpus" / "selfdistill.jsonl.gz"
+SHAREGPT_DISTILL_PATH = ASSETS / "corpus" / "sharegpt_distill.jsonl.gz"  # `python -m specdemo distill`, see README
+DISTILLED_CORPORA = (SELFDISTILL_PATH, SHAREGPT_DISTILL_PATH)
 
 # --------------------------------------------------------------------------------------------------------------------
 # Coding: Python function stubs to complete (name, signature, docstring lines, examples as (call, result)).

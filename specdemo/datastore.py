@@ -35,6 +35,8 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
+from .sharegpt import Decontaminator, is_heldout_record
+
 FORMAT = "specdemo-datastore"
 VERSION = 1
 TEXT_SUFFIXES = (".py", ".txt", ".md", ".jsonl", ".jsonl.gz")
@@ -42,7 +44,7 @@ SKIP_DIRS = {"__pycache__", ".git", ".hg", ".svn", ".venv", "venv", "node_module
 # the default store's stdlib part: no tests, no IDLE / demos, no bundled third-party code
 STDLIB_SKIP_DIRS = SKIP_DIRS | {"test", "tests", "idle_test", "idlelib", "turtledemo", "site-packages",
                                 "dist-packages", "ensurepip", "lib2to3", "pydoc_data"}
-DEFAULT_RECIPE = "stdlib+selfdistill-v1"
+DEFAULT_RECIPE = "stdlib+selfdistill+sharegpt-distill-v2"
 
 
 class DatastoreError(RuntimeError):
@@ -562,7 +564,7 @@ _selfdistill_cache: dict[tuple, tuple[list[list[int]], str]] = {}
 def _read_selfdistill(path: Path, identity: str) -> tuple[list[list[int]], str]:
     with gzip.open(path, "rt", encoding="utf-8") as f:
         lines = [json.loads(line) for line in f if line.strip()]
-    header, records = lines[0], lines[1:]
+    header, records = lines[0], [r for r in lines[1:] if not is_heldout_record(r["id"])]  # held-out stays unseen
     if header.get("tokenizer") != identity or not records:
         return [], ""
     # the common tail of all chat-templated prompts ("<|im_end|>\n<|im_start|>assistant\n"): answers start after it
@@ -583,11 +585,17 @@ def ensure_default(target, progress: bool = True, stdlib_limit: int = 0, out_dir
 
     For another model the default folder must have been built with the CLI; raises DatastoreError with the command.
     """
-    from .corpus import SELFDISTILL_PATH
+    from .corpus import DISTILLED_CORPORA
     from .models import EMBEDDED
 
     out = out_dir or default_dir(target.identity)
-    docs, digest = selfdistill_docs(SELFDISTILL_PATH, target.identity) if target.name == EMBEDDED else ([], "")
+    docs, digests, counts = [], [], []
+    for path in DISTILLED_CORPORA if target.name == EMBEDDED else ():
+        d, digest = selfdistill_docs(path, target.identity)
+        docs += d
+        digests.append(digest)
+        counts.append(f"{path.name} ({len(d)} answers)")
+    digest = "+".join(digests)
     recipe = f"{DEFAULT_RECIPE}:{sys.version_info.major}.{sys.version_info.minor}:{digest}:{stdlib_limit}"
     mpath = out / "manifest.json"
     if mpath.exists():
@@ -606,6 +614,8 @@ def ensure_default(target, progress: bool = True, stdlib_limit: int = 0, out_dir
     files = [f for f in files if f.suffix == ".py"]
     if stdlib_limit:
         files = files[:stdlib_limit]
+    check = Decontaminator.for_evaluation_sets()  # evaluation text never reaches a datastore
+    files = [f for f in files if check.clean(f.read_text(encoding="utf-8", errors="replace"))]
     if progress:
         print(f"specdemo: building the REST datastore for the embedded model (first use only): {len(files)} Python "
               f"standard-library files + {len(docs)} self-distilled answers -> {out}", file=sys.stderr, flush=True)
@@ -617,8 +627,7 @@ def ensure_default(target, progress: bool = True, stdlib_limit: int = 0, out_dir
 
     total = sum(f.stat().st_size for f in files)
     sources = [f"{stdlib_dir()} (.py, without tests/idlelib/turtledemo/site-packages; {len(files)} files)"]
-    if docs:
-        sources.append(f"{SELFDISTILL_PATH.name} ({len(docs)} answers)")
+    sources += [c for c in counts if not c.endswith("(0 answers)")]
     build(out, tok, texts(), docs, sources=sources, total_bytes=total, progress=progress,
           extra={"default_recipe": recipe})
     return out

@@ -86,6 +86,13 @@ class Target:
             return list(ids)
         return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
 
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        """Token ids of a whole chat ({"role", "content"} turns) ending in the assistant's turn to speak."""
+        if len(messages) == 1 and messages[0]["role"] == "user":
+            return self.encode_prompt(messages[0]["content"])
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 

@@ -63,6 +63,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .sharegpt import is_heldout_record, split_name
+
 FORMAT = "specdemo-s4c"
 VERSION = 1
 ASSETS = Path(__file__).resolve().parent.parent / "assets" / "s4c"
@@ -242,7 +244,8 @@ def read_records(paths: list[str]) -> list[dict]:
                     ids, start = list(r["ids"]), int(r.get("start", 1))
                 if len(ids) - start < 4:
                     continue
-                out.append({"id": f"{Path(path).name}:{r.get('id', n)}", "ids": ids, "start": start})
+                out.append({"id": f"{Path(path).name}:{r.get('id', n)}", "key": str(r.get("id", n)), "ids": ids,
+                            "start": start})
     return out
 
 
@@ -424,15 +427,16 @@ def train(args) -> int:
     log(f"command: {command}")
     t_begin = time.time()
     deadline = t_begin + args.minutes * 60 if args.minutes else None
-    target = load_target(args.model, device=args.device)
+    target = load_target(args.model, device=args.device, dtype="float32")  # features as the CPU demo computes them
     dev = target.device
     records = read_records(args.data)
     if not records:
         log("no training records found")
         return 1
-    # held-out split by a hash of the record id (stable while the corpus grows)
-    held = [r for r in records if int(hashlib.md5(r["id"].encode()).hexdigest(), 16) % 1000 < args.holdout * 1000]
-    train_recs = [r for r in records if r not in held] if held else records
+    held = [r for r in records if is_heldout_record(r["key"])]  # the one split every trainer uses
+    held_ids = {id(r) for r in held}
+    train_recs = [r for r in records if id(r) not in held_ids] if held else records
+    held = [r for r in held if len(r["ids"]) <= args.max_len][: args.heldout_max]
     n_tok = sum(len(r["ids"]) - r["start"] for r in records)
     log(f"data: {len(records)} records ({len(train_recs)} train, {len(held)} held out), {n_tok} answer tokens, "
         f"{sum(len(r['ids']) for r in records)} tokens in all")
@@ -542,6 +546,11 @@ def train(args) -> int:
         log(f"held-out final: {json.dumps(ev)}")
         cfg = json.loads((out / "config.json").read_text())
         cfg["heldout"] = ev
+        for name in ("sharegpt", "project"):
+            part = [r for r in held if split_name(r["key"]) == name]
+            if part:
+                cfg[f"heldout_{name}"] = dict(evaluate(heads, part, feats, args, dev), records=len(part))
+                log(f"held-out final ({name}, {len(part)} records): {json.dumps(cfg[f'heldout_{name}'])}")
         (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     log(f"done: {step} steps in {(time.time() - t_start) / 60:.1f} min")
     return 0
@@ -568,7 +577,7 @@ def register_train(subparsers) -> None:
     p.add_argument("--loss-weights", type=float, nargs=3, default=[0.1, 1.0, 1.0], metavar=("CE", "SOFT", "L1"))
     p.add_argument("--max-prompt", type=int, default=160, help="prompt tokens kept before each answer")
     p.add_argument("--max-len", type=int, default=512)
-    p.add_argument("--holdout", type=float, default=0.05)
+    p.add_argument("--heldout-max", type=int, default=256, help="held-out records evaluated at most")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-every", type=int, default=20)
     p.add_argument("--eval-every", type=int, default=200)

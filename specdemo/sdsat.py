@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -38,6 +39,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from .sharegpt import is_heldout_record, split_name
 
 FORMAT = "specdemo-sdsat"
 VERSION = 1
@@ -309,17 +312,15 @@ def read_selfdistill(path: str | Path) -> list[dict]:
     return out
 
 
-def is_heldout(rec_id: str, frac: float) -> bool:
-    h = int.from_bytes(hashlib.blake2b(str(rec_id).encode(), digest_size=4).digest(), "little")
-    return (h % 10_000) < frac * 10_000
-
-
-def split_records(path: str | Path, heldout_frac: float, heldout_max: int, max_seq: int) -> tuple[list, list]:
-    """(training, held-out) records of a self-distilled corpus: usable lengths only, held-out by id hash."""
-    recs = [r for r in read_selfdistill(path)
+def split_records(paths: list[str | Path], heldout_max: int, max_seq: int) -> tuple[list, list]:
+    """(training, held-out) records of self-distilled corpora: usable lengths only, held out by the one shared split
+    (sharegpt.is_heldout_record); the held-out list alternates the ShareGPT and project records so both are seen."""
+    recs = [r for path in paths for r in read_selfdistill(path)
             if len(r["answer_ids"]) >= 3 and len(r["prompt_ids"]) + len(r["answer_ids"]) <= max_seq]
-    held = [r for r in recs if is_heldout(r["id"], heldout_frac)][:heldout_max]
-    return [r for r in recs if not is_heldout(r["id"], heldout_frac)], held
+    held = [r for r in recs if is_heldout_record(r["id"])]
+    by_split = [[r for r in held if split_name(r["id"]) == name] for name in ("sharegpt", "project")]
+    mixed = [r for pair in itertools.zip_longest(*by_split) for r in pair if r is not None]
+    return [r for r in recs if not is_heldout_record(r["id"])], mixed[:heldout_max]
 
 
 def build_probes(seq: list[int], start: int, L: int, rate: float, rng: random.Random | None, max_probes: int,
@@ -433,7 +434,7 @@ def evaluate(model, adapter: SDSATAdapter, records: list[dict], L: int, max_prob
 @dataclass
 class TrainConfig:
     model: str = "embedded"
-    data: str = "assets/corpus/selfdistill.jsonl.gz"
+    data: list = field(default_factory=lambda: ["assets/corpus/selfdistill.jsonl.gz"])
     out: str = "runs/sdsat"
     L: int = 5
     rank: int = 16
@@ -445,8 +446,7 @@ class TrainConfig:
     seqs_per_step: int = 2
     rate: float = 0.3
     max_probes: int = 320
-    heldout_frac: float = 0.05
-    heldout_max: int = 16
+    heldout_max: int = 32
     eval_every: int = 50
     ckpt_every: int = 25
     minutes: float = 0.0
@@ -455,6 +455,8 @@ class TrainConfig:
     max_seq: int = 512
     init: str = ""  # start from this adapter (folder or hub id) instead of a fresh LoRA
     targets: list = field(default_factory=lambda: list(DEFAULT_TARGETS))
+    device: str | None = None  # default: cuda when present
+    dtype: str = "float32"  # the base model's weights, as the CPU demo runs them
 
 
 def _lr_at(cfg: TrainConfig, step: int, elapsed_min: float = 0.0) -> float:
@@ -477,7 +479,7 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> dict:
     torch.manual_seed(cfg.seed)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    target = load_target(cfg.model)
+    target = load_target(cfg.model, cfg.device, cfg.dtype)
     model = target.model
     model.requires_grad_(False)
     token_id = default_token_id(target.tokenizer)
@@ -508,7 +510,7 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> dict:
         log(f"resumed from {ckpt} at step {step}")
 
     def load_split():
-        return split_records(cfg.data, cfg.heldout_frac, cfg.heldout_max, cfg.max_seq)
+        return split_records(cfg.data, cfg.heldout_max, cfg.max_seq)
 
     train_recs, held = load_split()
     if not train_recs:
@@ -589,6 +591,11 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> dict:
     if final:
         history.append({"step": step, "eval": final})
         log(f"final held-out (step {step}): {json.dumps(final)}")
+        for name in ("sharegpt", "project"):
+            part = [r for r in held if split_name(r["id"]) == name]
+            if part:
+                final[name] = dict(evaluate(model, adapter, part, cfg.L), records=len(part))
+                log(f"final held-out ({name}, {len(part)} records): {json.dumps(final[name])}")
     save(final=True, metrics=final)
     log(f"wrote {out} ({sum(f.stat().st_size for f in out.glob('*.safetensors')) / 1e6:.1f} MB of weights)")
     return {"step": step, "heldout": final, "out": str(out)}
@@ -600,7 +607,9 @@ def register_train(subparsers) -> None:
     p = subparsers.add_parser("sdsat", help="train an SDSAT adapter (LoRA + adaptive token, active at adaptive "
                                             "positions only, so verification stays the original model's)")
     p.add_argument("--model", default=d.model, help="'embedded', a hub id or a local path")
-    p.add_argument("--data", default=d.data, help="self-distilled corpus (gzip JSONL of prompt_ids/answer_ids)")
+    p.add_argument("--data", nargs="+", default=d.data, help="self-distilled corpora (gzip JSONL of prompt_ids/answer_ids)")
+    p.add_argument("--device", default=d.device)
+    p.add_argument("--dtype", default=d.dtype)
     p.add_argument("--out", default=d.out, help="output folder (artifact + checkpoint.pt)")
     p.add_argument("--L", type=int, default=d.L, help="adaptive chain length in training (max draft depth)")
     p.add_argument("--rank", type=int, default=d.rank)
@@ -611,7 +620,6 @@ def register_train(subparsers) -> None:
     p.add_argument("--seqs-per-step", type=int, default=d.seqs_per_step)
     p.add_argument("--rate", type=float, default=d.rate, help="fraction of answer positions that start a chain")
     p.add_argument("--max-probes", type=int, default=d.max_probes, help="adaptive tokens per sequence at most")
-    p.add_argument("--heldout-frac", type=float, default=d.heldout_frac)
     p.add_argument("--heldout-max", type=int, default=d.heldout_max)
     p.add_argument("--eval-every", type=int, default=d.eval_every)
     p.add_argument("--ckpt-every", type=int, default=d.ckpt_every)

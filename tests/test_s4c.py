@@ -124,7 +124,7 @@ def test_training_loss_falls(tiny_llama, tmp_path):
         model=str(t.model.name_or_path), data=[str(data)], out=str(out), device=None, n_heads=3,
         intermediate_size=64, draft_vocab=512, steps=30, epochs=1, minutes=0, batch_size=3, lr=3e-3,
         weight_decay=0.0, warmup=2, noise=0.0, loss_weights=[0.1, 1.0, 1.0], max_prompt=16, max_len=64,
-        holdout=0.0, seed=0, log_every=10, eval_every=1000, ckpt_every=15, resume=True,
+        heldout_max=0, seed=0, log_every=10, eval_every=1000, ckpt_every=15, resume=True,
         feature_cache=str(tmp_path / "fc"), threads=0, init=None)
     records = s4c.read_records([str(data)])
     target = t

@@ -129,7 +129,7 @@ def test_train_cli_checkpoint_resume_and_artifact(tiny_llama, tmp_path):
     for i, text in enumerate(PROMPTS * 3):
         prompt = t.encode_prompt(text + " " * i)
         ref, _ = run_to_end(t, prompt, None, GenerationConfig(max_new_tokens=20))
-        recs.append({"id": f"r{i}", "prompt_ids": prompt, "answer_ids": ref})
+        recs.append({"id": ("h72", "h146")[i] if i < 2 else f"r{i}", "prompt_ids": prompt, "answer_ids": ref})
     data = tmp_path / "corpus.jsonl.gz"
     with gzip.open(data, "wt") as f:
         f.write(json.dumps({"format": "specdemo-selfdistill"}) + "\n")
@@ -137,8 +137,9 @@ def test_train_cli_checkpoint_resume_and_artifact(tiny_llama, tmp_path):
             f.write(json.dumps(r) + "\n")
     assert len(read_selfdistill(data)) == len(recs)
     model_dir = t.model.config._name_or_path
-    cfg = TrainConfig(model=model_dir, data=str(data), out=str(tmp_path / "out"), L=3, rank=2, alpha=4, steps=4,
-                      warmup=1, seqs_per_step=1, eval_every=2, ckpt_every=2, heldout_frac=0.3, heldout_max=2)
+    # "h72" and "h146" fall in the shared held-out split (sharegpt.is_heldout_record)
+    cfg = TrainConfig(model=model_dir, data=[str(data)], out=str(tmp_path / "out"), L=3, rank=2, alpha=4, steps=4,
+                      warmup=1, seqs_per_step=1, eval_every=2, ckpt_every=2, heldout_max=2)
     logs = []
     r1 = train(cfg, log=logs.append)
     assert r1["step"] == 4 and (tmp_path / "out" / "checkpoint.pt").exists()
@@ -152,7 +153,7 @@ def test_train_cli_checkpoint_resume_and_artifact(tiny_llama, tmp_path):
     assert meta["L"] == 3 and meta["train"]["step"] == 6
     # warm start (--init): a new run starts from that adapter; with lr 0 it exports the same weights
     warm = TrainConfig(**{**cfg.__dict__, "out": str(tmp_path / "warm"), "init": str(tmp_path / "out"), "steps": 1,
-                          "lr": 0.0, "heldout_frac": 0.0})
+                          "lr": 0.0, "heldout_max": 0})
     train(warm, log=logs.append)
     assert any("initialised from" in m for m in logs)
     ad2, _ = load_adapter(tmp_path / "warm", t)

@@ -1,0 +1,237 @@
+"""`python -m specdemo distill`: the target's own greedy answers to many prompts, the data its drafters learn from.
+
+    python -m specdemo distill --model embedded --prompts sharegpt --first 8000 --later 2000 \\
+        --out assets/corpus/sharegpt_distill.jsonl.gz
+
+Batched greedy `generate` with the target's chat template (left padding, prompts sorted by length so a batch wastes
+little padding).  Output: a gzip JSONL file, a header line then one record per prompt
+    {"id", "prompt_ids", "answer_ids", "finish": "eos"|"length"}
+as token ids only, so a million answer tokens stay a few MB.  Resumable and safe to kill: every finished batch is
+appended to `<out>.journal.jsonl` and fsynced; a rerun reads the journal (a half-written last line is dropped),
+skips the prompts it has, and the final file is written to a temporary name and renamed into place.
+
+Prompt sources: `sharegpt` (the training split of ShareGPT, first user turns then later turns with their real
+history, decontaminated; see sharegpt.py; `--heldout N` adds N held-out first turns, which the trainers keep for
+evaluation), `project` (the project's own prompt set, assets/corpus/prompts.jsonl) or a JSONL file of
+{"id", "prompt"} or {"id", "messages"} lines.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+FORMAT = "specdemo-selfdistill"
+VERSION = 2
+
+
+def prompt_specs(source: str, first: int, later: int, heldout: int) -> list[dict]:
+    """{"id", "messages"} prompts of a source (see the module doc)."""
+    if source == "sharegpt":
+        from . import sharegpt
+
+        convs = sharegpt.conversations(decontaminate=sharegpt.Decontaminator.for_evaluation_sets())
+        return (sharegpt.distill_prompts(convs, first, later)
+                + sharegpt.distill_prompts(convs, heldout, 0, heldout=True))
+    if source == "project":
+        from .corpus import PROMPTS_PATH
+
+        source = str(PROMPTS_PATH)
+    path = Path(source)
+    if not path.exists():
+        raise FileNotFoundError(f"prompt source '{source}' is neither sharegpt, project nor an existing JSONL file")
+    opener = gzip.open if path.suffix == ".gz" else open
+    out = []
+    with opener(path, "rt", encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            messages = row.get("messages") or [{"role": "user", "content": row["prompt"]}]
+            out.append({"id": str(row.get("id", n)), "messages": messages})
+    return out
+
+
+def read_corpus(path: Path) -> tuple[dict | None, list[dict]]:
+    """(header, records) of a distilled corpus, the journal of an unfinished run included."""
+    header, records = None, []
+    if path.exists():
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            lines = [json.loads(line) for line in f if line.strip()]
+        if not lines or lines[0].get("format") != FORMAT:
+            raise ValueError(f"{path} is not a {FORMAT} file")
+        header, records = lines[0], lines[1:]
+    journal = journal_path(path)
+    if journal.exists():
+        with open(journal, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    break  # the line a killed run was writing
+                if row.get("format") == FORMAT:
+                    header = header or row
+                else:
+                    records.append(row)
+    seen: set[str] = set()
+    unique = [r for r in records if not (r["id"] in seen or seen.add(r["id"]))]
+    return header, unique
+
+
+def journal_path(out: Path) -> Path:
+    return out.with_name(out.name + ".journal.jsonl")
+
+
+def write_corpus(path: Path, header: dict, records: list[dict]) -> None:
+    """The whole corpus, atomically (temporary file + rename); the journal is removed after."""
+    tmp = path.with_name(path.name + ".tmp")
+    with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=9) as f:
+        f.write(json.dumps(header) + "\n")
+        for r in records:
+            f.write(json.dumps(r, separators=(",", ":")) + "\n")
+    os.replace(tmp, path)
+    journal_path(path).unlink(missing_ok=True)
+
+
+def _append(journal: Path, rows: list[dict]) -> None:
+    with open(journal, "a", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r, separators=(",", ":")) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _cut_answer(ids: list[int], eos: set[int]) -> tuple[list[int], str]:
+    for i, t in enumerate(ids):
+        if t in eos:
+            return ids[: i + 1], "eos"
+    return ids, "length"
+
+
+def decontaminated(tokenizer, records: list[dict], log=print) -> list[dict]:
+    """Records whose prompt and answer share no 10-word n-gram with HumanEval or Spec-Bench (answers can repeat
+    generic evaluation text, e.g. "0 1 2 3 4 5 6 7 8 9"; such records are dropped, not edited)."""
+    from .sharegpt import Decontaminator
+
+    check = Decontaminator.for_evaluation_sets()
+    kept = [r for r in records if all(check.clean(tokenizer.decode(r[k], skip_special_tokens=True))
+                                      for k in ("prompt_ids", "answer_ids"))]
+    if len(kept) < len(records):
+        log(f"distill: dropped {len(records) - len(kept)} records that share a 10-gram with an evaluation set")
+    return kept
+
+
+@torch.no_grad()
+def distill(target, specs: list[dict], out: Path, max_new_tokens: int = 256, max_prompt_tokens: int = 1024,
+            batch_size: int = 32, minutes: float = 0.0, progress: bool = True, log=print) -> dict:
+    """Answer every prompt of `specs` not yet in `out`; returns counts and throughput."""
+    from tqdm import tqdm
+
+    header = {"format": FORMAT, "version": VERSION, "model": target.name, "tokenizer": target.identity,
+              "max_new_tokens": max_new_tokens, "decoding": "greedy, batched, left-padded, chat template"}
+    old, records = read_corpus(out)
+    if old and (old.get("tokenizer") != header["tokenizer"] or old.get("max_new_tokens") != max_new_tokens):
+        raise ValueError(f"{out} was made with another tokenizer or --max-new-tokens; move it away to start over")
+    done = {r["id"] for r in records} | set((old or {}).get("dropped", []))
+    todo = []
+    skipped = 0
+    for s in specs:
+        if s["id"] in done:
+            continue
+        ids = target.encode_chat(s["messages"])
+        if len(ids) > max_prompt_tokens:
+            skipped += 1
+            continue
+        todo.append((s["id"], ids))
+    log(f"distill: {len(done)} prompts done, {len(todo)} to go ({skipped} longer than {max_prompt_tokens} tokens "
+        f"skipped), batch {batch_size}, {target.describe()}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    journal = journal_path(out)
+    if not journal.exists() or journal.stat().st_size == 0:
+        _append(journal, [header])
+    todo.sort(key=lambda x: -len(x[1]))  # long prompts first: a batch that does not fit fails at once
+    tok = target.tokenizer
+    pad = tok.pad_token_id if tok.pad_token_id is not None else sorted(target.eos_ids)[0]
+    t_start, n_new = time.time(), 0
+    bar = tqdm(total=len(todo), unit="prompt", disable=not progress, file=sys.stderr)
+    for b in range(0, len(todo), batch_size):
+        if minutes and time.time() - t_start > minutes * 60:
+            log("distill: time budget reached; stopping (rerun to resume)")
+            break
+        batch = todo[b: b + batch_size]
+        width = max(len(ids) for _, ids in batch)
+        input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for _, ids in batch], device=target.device)
+        mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for _, ids in batch], device=target.device)
+        gen = target.model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+                                    do_sample=False, temperature=None, top_p=None, top_k=None, pad_token_id=pad,
+                                    eos_token_id=sorted(target.eos_ids))
+        rows = []
+        for (pid, ids), g in zip(batch, gen[:, width:].tolist()):
+            answer, finish = _cut_answer(g, target.eos_ids)
+            rows.append({"id": pid, "prompt_ids": ids, "answer_ids": answer, "finish": finish})
+            n_new += len(answer)
+        _append(journal, rows)
+        records += rows
+        bar.update(len(batch))
+        bar.set_postfix(tok_s=f"{n_new / (time.time() - t_start):.0f}", tokens=n_new)
+    bar.close()
+    kept = decontaminated(target.tokenizer, records, log)
+    header["dropped"] = sorted({r["id"] for r in records} - {r["id"] for r in kept} | set((old or {}).get("dropped", [])))
+    records = kept
+    write_corpus(out, header, records)
+    elapsed = time.time() - t_start
+    stats = {"records": len(records), "answer_tokens": sum(len(r["answer_ids"]) for r in records),
+             "new_answer_tokens": n_new, "seconds": round(elapsed, 1),
+             "tokens_per_s": round(n_new / elapsed, 1) if elapsed else 0.0, "bytes": out.stat().st_size}
+    log(f"distill: {stats['records']} records, {stats['answer_tokens']} answer tokens ({n_new} new at "
+        f"{stats['tokens_per_s']} tok/s), {stats['bytes'] / 1e6:.2f} MB -> {out}")
+    return stats
+
+
+def register(sub) -> None:
+    p = sub.add_parser("distill", help="self-distil a corpus: the target's greedy answers to many prompts")
+    p.add_argument("--model", default="embedded", help="'embedded', a hub id or a local path")
+    p.add_argument("--prompts", default="sharegpt", help="sharegpt | project | PATH.jsonl[.gz]")
+    p.add_argument("--first", type=int, default=8000, help="sharegpt: first user turns of training conversations")
+    p.add_argument("--later", type=int, default=2000, help="sharegpt: later turns, with their real history")
+    p.add_argument("--heldout", type=int, default=300, help="sharegpt: held-out first turns (for evaluation only)")
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--max-prompt-tokens", type=int, default=1024)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--minutes", type=float, default=0, help="stop starting batches after this long (0 = no limit)")
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default="float32", help="float32 keeps the answers those of the CPU demo's model")
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--decontaminate-only", action="store_true",
+                   help="only drop the records of OUT that share a 10-gram with an evaluation set")
+    p.set_defaults(func=_cli)
+
+
+def _cli(args) -> int:
+    from .models import load_target
+
+    for name in ("first", "later", "heldout", "max_new_tokens", "max_prompt_tokens", "batch_size"):
+        if getattr(args, name) < (0 if name in ("first", "later", "heldout") else 1):
+            raise ValueError(f"--{name.replace('_', '-')} must be >= {0 if name in ('first', 'later', 'heldout') else 1}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 answers match the CPU's as closely as a GPU allows
+    torch.backends.cudnn.allow_tf32 = False
+    if args.decontaminate_only:
+        from .datastore import load_tokenizer
+
+        header, records = read_corpus(args.out)
+        kept = decontaminated(load_tokenizer(args.model), records)
+        header["dropped"] = sorted({r["id"] for r in records} - {r["id"] for r in kept} | set(header.get("dropped", [])))
+        write_corpus(args.out, header, kept)
+        return 0
+    specs = prompt_specs(args.prompts, args.first, args.later, args.heldout)
+    target = load_target(args.model, args.device, args.dtype)
+    distill(target, specs, args.out, args.max_new_tokens, args.max_prompt_tokens, args.batch_size, args.minutes)
+    return 0
