@@ -1,6 +1,6 @@
 """The self-distillation prompt set: hand-written topic and task lists, combined deterministically into prompts.
 
-The embedded model's greedy answers to these prompts (`scripts/self_distill.py`) form the chat half of the default REST
+The embedded model's greedy answers to these prompts (`python -m specdemo distill --prompts project`) form the chat half of the default REST
 datastore and the training corpus of the S4C / SDSAT drafters.  Every string here was written for this project:
 nothing is taken from HumanEval, MT-Bench or Spec-Bench (evaluation data stays out; `tests/test_datastore.py` checks
 HumanEval prompts for long n-gram overlap with the distilled answers).

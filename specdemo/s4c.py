@@ -227,7 +227,7 @@ def load_heads(target, source: str | Path) -> S4CHeads:
 # ---------------------------------------------------------------------------------------------------------- data
 def read_records(paths: list[str]) -> list[dict]:
     """Records {"id", "ids", "start"} (start = first answer position) from self-distilled corpora (.jsonl[.gz] with
-    prompt_ids/answer_ids, the corpus format of scripts/self_distill.py) or plain {"ids": [...]} jsonl."""
+    prompt_ids/answer_ids, the corpus format of `python -m specdemo distill`) or plain {"ids": [...]} jsonl."""
     out = []
     for path in paths:
         opener = gzip.open if str(path).endswith(".gz") else open
@@ -560,7 +560,7 @@ def register_train(subparsers) -> None:
     p = subparsers.add_parser("s4c", help="train S4C draft heads for a target model (CPU or GPU)")
     p.add_argument("--model", default="embedded")
     p.add_argument("--data", nargs="+", default=["assets/corpus/selfdistill.jsonl.gz"],
-                   help="self-distilled corpora (.jsonl.gz from scripts/self_distill.py) or jsonl with 'ids'")
+                   help="self-distilled corpora (.jsonl.gz from `python -m specdemo distill`) or jsonl with 'ids'")
     p.add_argument("--out", required=True)
     p.add_argument("--device", default=None)
     p.add_argument("--n-heads", type=int, default=3)

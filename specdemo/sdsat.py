@@ -299,7 +299,7 @@ def read_selfdistill(path: str | Path) -> list[dict]:
     """Records {"id", "prompt_ids", "answer_ids"} of a self-distilled corpus (gzip JSONL with a header line)."""
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"training data {path} not found (make it with scripts/self_distill.py)")
+        raise FileNotFoundError(f"training data {path} not found (make it with `python -m specdemo distill`)")
     opener = gzip.open if path.suffix == ".gz" else open
     out = []
     with opener(path, "rt", encoding="utf-8") as f:

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specdemo import datastore as D
-from specdemo.corpus import PROMPTS_PATH, SELFDISTILL_PATH, generate_prompts, load_prompts
+from specdemo.corpus import DISTILLED_CORPORA, PROMPTS_PATH, SELFDISTILL_PATH, generate_prompts, load_prompts
 
 
 class ToyTokenizer:
@@ -254,7 +254,7 @@ def test_default_datastore_small_subset(tmp_path):
     m = store.manifest
     assert m["default_recipe"].startswith(D.DEFAULT_RECIPE) and "site-packages" in m["sources"][0]
     if SELFDISTILL_PATH.exists():
-        assert any("selfdistill" in s for s in m["sources"])
+        assert any("selfdistill" in s for s in m["sources"]) and any("sharegpt" in s for s in m["sources"])
         # answers start after the chat template's assistant header, so the first step of a chat finds them
         length, rows = store.retrieve(target.encode_prompt("Say something."), 16, 2)
         assert length >= 3 and len(rows)
@@ -313,7 +313,8 @@ def test_humaneval_has_no_long_ngram_overlap_with_the_corpus(tok):
 def test_selfdistill_corpus_matches_the_embedded_tokenizer(tok):
     from specdemo.models import tokenizer_identity
 
-    with gzip.open(SELFDISTILL_PATH, "rt") as f:
-        header = json.loads(f.readline())
-    assert header["tokenizer"] == tokenizer_identity(tok)
-    assert os.path.getsize(SELFDISTILL_PATH) < 8_000_000
+    for path in DISTILLED_CORPORA:
+        with gzip.open(path, "rt") as f:
+            header = json.loads(f.readline())
+        assert header["tokenizer"] == tokenizer_identity(tok)
+        assert os.path.getsize(path) < 8_000_000
