@@ -562,9 +562,10 @@ _selfdistill_cache: dict[tuple, tuple[list[list[int]], str]] = {}
 
 
 def _read_selfdistill(path: Path, identity: str) -> tuple[list[list[int]], str]:
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        lines = [json.loads(line) for line in f if line.strip()]
-    header, records = lines[0], [r for r in lines[1:] if not is_heldout_record(r["id"])]  # held-out stays unseen
+    from .distill import read_corpus
+
+    header, records = read_corpus(path)
+    records = [r for r in records if not is_heldout_record(r["id"])]  # held-out stays unseen
     if header.get("tokenizer") != identity or not records:
         return [], ""
     # the common tail of all chat-templated prompts ("<|im_end|>\n<|im_start|>assistant\n"): answers start after it

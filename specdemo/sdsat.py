@@ -24,7 +24,6 @@ x_{p+j+1}, the original model's own greedy token.
 from __future__ import annotations
 
 import argparse
-import gzip
 import hashlib
 import itertools
 import json
@@ -296,20 +295,13 @@ def default_token_id(tokenizer) -> int:
 
 # ====================================================================================================== training data
 def read_selfdistill(path: str | Path) -> list[dict]:
-    """Records {"id", "prompt_ids", "answer_ids"} of a self-distilled corpus (gzip JSONL with a header line)."""
+    """Records {"id", "prompt_ids", "answer_ids"} of a self-distilled corpus (`python -m specdemo distill`)."""
+    from .distill import read_corpus
+
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"training data {path} not found (make it with `python -m specdemo distill`)")
-    opener = gzip.open if path.suffix == ".gz" else open
-    out = []
-    with opener(path, "rt", encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            r = json.loads(line)
-            if "answer_ids" in r and "prompt_ids" in r:
-                out.append(r)
-    return out
+    return [r for r in read_corpus(path)[1] if "answer_ids" in r and "prompt_ids" in r]
 
 
 def split_records(paths: list[str | Path], heldout_max: int, max_seq: int) -> tuple[list, list]:
