@@ -595,7 +595,8 @@ def ensure_default(target, progress: bool = True, stdlib_limit: int = 0, out_dir
         d, digest = selfdistill_docs(path, target.identity)
         docs += d
         digests.append(digest)
-        counts.append(f"{path.name} ({len(d)} answers)")
+        if d:
+            counts.append(f"{path.name} ({len(d)} answers)")
     digest = "+".join(digests)
     recipe = f"{DEFAULT_RECIPE}:{sys.version_info.major}.{sys.version_info.minor}:{digest}:{stdlib_limit}"
     mpath = out / "manifest.json"
@@ -628,7 +629,7 @@ def ensure_default(target, progress: bool = True, stdlib_limit: int = 0, out_dir
 
     total = sum(f.stat().st_size for f in files)
     sources = [f"{stdlib_dir()} (.py, without tests/idlelib/turtledemo/site-packages; {len(files)} files)"]
-    sources += [c for c in counts if not c.endswith("(0 answers)")]
+    sources += counts
     build(out, tok, texts(), docs, sources=sources, total_bytes=total, progress=progress,
           extra={"default_recipe": recipe})
     return out

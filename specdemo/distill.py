@@ -113,9 +113,11 @@ def _cut_answer(ids: list[int], eos: set[int]) -> tuple[list[int], str]:
     return ids, "length"
 
 
-def decontaminated(tokenizer, records: list[dict], log=print) -> list[dict]:
-    """Records whose prompt and answer share no 10-word n-gram with HumanEval or Spec-Bench (answers can repeat
-    generic evaluation text, e.g. "0 1 2 3 4 5 6 7 8 9"; such records are dropped, not edited)."""
+def write_decontaminated(tokenizer, path: Path, header: dict, records: list[dict], log=print) -> list[dict]:
+    """Write the records whose prompt and answer share no 10-word n-gram with HumanEval or Spec-Bench; returns them.
+
+    Answers can repeat generic evaluation text (e.g. "0 1 2 3 4 5 6 7 8 9"): such records are dropped, not edited,
+    and their ids join header["dropped"] so that a resumed run does not answer them again."""
     from .sharegpt import Decontaminator
 
     check = Decontaminator.for_evaluation_sets()
@@ -123,6 +125,8 @@ def decontaminated(tokenizer, records: list[dict], log=print) -> list[dict]:
                                       for k in ("prompt_ids", "answer_ids"))]
     if len(kept) < len(records):
         log(f"distill: dropped {len(records) - len(kept)} records that share a 10-gram with an evaluation set")
+    header["dropped"] = sorted({r["id"] for r in records} - {r["id"] for r in kept} | set(header.get("dropped", [])))
+    write_corpus(path, header, kept)
     return kept
 
 
@@ -180,10 +184,8 @@ def distill(target, specs: list[dict], out: Path, max_new_tokens: int = 256, max
         bar.update(len(batch))
         bar.set_postfix(tok_s=f"{n_new / (time.time() - t_start):.0f}", tokens=n_new)
     bar.close()
-    kept = decontaminated(target.tokenizer, records, log)
-    header["dropped"] = sorted({r["id"] for r in records} - {r["id"] for r in kept} | set((old or {}).get("dropped", [])))
-    records = kept
-    write_corpus(out, header, records)
+    header["dropped"] = (old or {}).get("dropped", [])
+    records = write_decontaminated(target.tokenizer, out, header, records, log)
     elapsed = time.time() - t_start
     stats = {"records": len(records), "answer_tokens": sum(len(r["answer_ids"]) for r in records),
              "new_answer_tokens": n_new, "seconds": round(elapsed, 1),
@@ -227,9 +229,7 @@ def _cli(args) -> int:
         from .datastore import load_tokenizer
 
         header, records = read_corpus(args.out)
-        kept = decontaminated(load_tokenizer(args.model), records)
-        header["dropped"] = sorted({r["id"] for r in records} - {r["id"] for r in kept} | set(header.get("dropped", [])))
-        write_corpus(args.out, header, kept)
+        write_decontaminated(load_tokenizer(args.model), args.out, header, records)
         return 0
     specs = prompt_specs(args.prompts, args.first, args.later, args.heldout)
     target = load_target(args.model, args.device, args.dtype)
