@@ -24,8 +24,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-# verification cost per tree size relative to an AR step, from shared/notes/demo-and-bench.md (2-core CPU, quiet)
-NOTES_COST = {0: 1.0, 1: 1.5, 2: 1.55, 4: 1.55, 8: 1.55, 16: 1.65, 32: 2.1, 64: 3.05}
 
 
 def _val(s: str):
@@ -106,9 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mode", choices=("sim", "engine"), default="sim")
     ap.add_argument("--opt", action="append", default=[], help="drafter option key=value")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--cost", choices=("notes", "measure", "none"), default="notes",
-                    help="cost curve for the per-step cut and the modelled speedup: the notes' table (default), "
-                         "measured now (noisy on a busy machine), or none (no per-step cut)")
+    ap.add_argument("--cost", choices=("measure", "none"), default="measure",
+                    help="measure: per-step sizing on (the drafter's calibration against this machine's measured "
+                         "cost curve, which also models the speedup); none: fixed trees")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -126,12 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     opts = {k: _val(v) for k, v in opts.items()}
     from specdemo import budget as budget_mod
 
-    rel = {"notes": NOTES_COST, "none": None}.get(args.cost) if args.cost != "measure" else \
-        budget_mod.relative_cost(budget_mod.verify_cost_curve(target))
-    opts.setdefault("adaptive", rel is not None)
-    if rel is not None:
-        opts.setdefault("rel_cost", rel)
-    model_cost = rel or NOTES_COST
+    opts.setdefault("dynamic", args.cost == "measure")
+    model_cost = budget_mod.relative_cost(budget_mod.verify_cost_curve(target, budget_mod.CURVE_SIZES))
     results = {}
     for budget in [int(b) for b in args.budgets.split(",")]:
         tot_new = tot_steps = 0

@@ -9,16 +9,20 @@ tree size from the measured curve, or it ends up slower than AR.
     relative_cost(curve)              -> the same, divided by the AR step
     pick_budget(target, expected_tau_by_size) -> the node budget with the best expected tokens per unit of cost
     cost_at(rel, n)                   -> relative cost of an n-node tree, interpolated
+    best_size(probs, rel)             -> how many nodes of a best-first order pay for their verification
+    cut_to_cost(tree, rel)            -> a scored tree cut to that many nodes (EAGLE-2-style dynamic size, per step)
 """
 from __future__ import annotations
 
 import threading
 import time
+from typing import Callable, Sequence
 
 import torch
 
 GPU_BUDGET = 64
 DEFAULT_SIZES = (0, 1, 2, 4, 8, 16, 32)  # larger trees: extrapolated (cost_at); never worth it on CPU
+CURVE_SIZES = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # the curve per-step tree sizing reads (cut_to_cost)
 # What a REST-style tree buys per node budget on the embedded model (store + context, greedy; shared/notes/rest.md)
 DEFAULT_EXPECTED_TAU = {1: 1.35, 2: 1.5, 4: 1.62, 8: 1.75, 16: 1.85, 32: 1.9, 64: 1.93}
 
@@ -120,3 +124,43 @@ def pick_budget(target, expected_tau_by_size: dict[int, float] | None = None, si
         if rate > best_rate * 1.01:
             best, best_rate = s, rate
     return best
+
+
+def best_size(probs: Sequence[float], rel: dict[int, float], extra_nodes: Callable[[int], int] | None = None) -> int:
+    """How many nodes of a best-first order to verify: the n that maximises expected tokens per unit of cost,
+    (1 + p_1 + ... + p_n) / cost(n + extra(n)).  For a tree, the expected accepted length is exactly the sum over its
+    nodes of P(node on the accepted path), so with calibrated p this is the step's expected speed relative to AR.
+    `extra_nodes(n)`: nodes that ride along with the first n (SDSAT's probes).  0 = a plain step wins."""
+    extra = extra_nodes or (lambda n: 0)
+    best, best_rate, gain = 0, 1.0 / cost_at(rel, extra(0)) if extra(0) else 1.0, 1.0
+    for n, p in enumerate(probs, start=1):
+        gain += p
+        rate = gain / cost_at(rel, n + extra(n))
+        if rate > best_rate + 1e-9:
+            best, best_rate = n, rate
+    return best
+
+
+def calibrated_cost(target, method: str, state, dynamic: bool, path=None):
+    """(calibrator, relative cost curve) for a drafter that sizes its trees per step; (calibrator or None, None) when
+    it should not: dynamic off, or no calibration for this model, method and decoding mode (raw confidences are not
+    probabilities, so weighing them against the cost would cut wrongly).  path: another calibration file, or "none"
+    for raw scores."""
+    from .calibration import load
+
+    if path is not None and str(path) == "none":  # raw scores asked for (calibrate.py collects them)
+        return None, None
+    cal = load(target.name, target.identity, method, not state.sampling.greedy, path)
+    if not dynamic or cal is None:
+        return cal, None
+    return cal, relative_cost(verify_cost_curve(target, CURVE_SIZES))
+
+
+def cut_to_cost(tree, rel: dict[int, float] | None):
+    """The best-first prefix of a scored DraftTree (no probe nodes) that pays most for its verification; the tree
+    itself when there is no cost curve or no scores."""
+    if rel is None or tree.scores is None or not len(tree):
+        return tree
+    order = tree.best_first()
+    n = best_size([tree.scores[i] for i in order], rel)
+    return tree.subtree(sorted(order[:n]))

@@ -5,7 +5,7 @@ import argparse
 import importlib
 import sys
 
-COMMAND_MODULES = ("specdemo.bench", "specdemo.datastore", "specdemo.distill", "specdemo.train")
+COMMAND_MODULES = ("specdemo.bench", "specdemo.calibrate", "specdemo.datastore", "specdemo.distill", "specdemo.train")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from .cpu_attention import use_grouped_kv_attention
 from .cpu_linear import use_packed_linears
 
 EMBEDDED = "embedded"
@@ -202,6 +203,8 @@ def load_target(name: str = EMBEDDED, device: str | None = None, dtype: str | No
     model.eval()
     model.requires_grad_(False)
     packed = use_packed_linears(model) if dev.type == "cpu" else 0
+    if dev.type == "cpu":
+        use_grouped_kv_attention(model)
     eos = set()
     for src in (model.generation_config.eos_token_id, tok.eos_token_id):
         if src is None:

@@ -7,6 +7,7 @@ drafter reads their outputs to draft the next step.
 """
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 import torch
@@ -18,6 +19,7 @@ class DraftTree:
     parents: list[int]
     sources: list[str] | None = None  # per node, where the draft came from (shown in the UI)
     probe: list[bool] | None = None  # per node, True = probe (never accepted, output goes back to the drafter)
+    scores: list[float] | None = None  # per node, the drafter's estimate that it ends up accepted (see calibration.py)
 
     def __post_init__(self) -> None:
         if len(self.tokens) != len(self.parents):
@@ -68,9 +70,34 @@ class DraftTree:
                 keep.append(i)
         if len(keep) == len(self):
             return self
+        return self.subtree(keep)
+
+    def subtree(self, keep: list[int]) -> "DraftTree":
+        """The nodes `keep` (increasing indices, each node's parent kept too), re-indexed, in the same order."""
+        remap = {-1: -1, **{i: k for k, i in enumerate(keep)}}
         pick = lambda xs: [xs[i] for i in keep] if xs is not None else None  # noqa: E731
         return DraftTree([self.tokens[i] for i in keep], [remap[self.parents[i]] for i in keep],
-                         pick(self.sources), pick(self.probe))
+                         pick(self.sources), pick(self.probe), pick(self.scores))
+
+    def best_first(self) -> list[int]:
+        """Non-probe nodes in best-first order: repeatedly the highest-scoring node whose parent is already taken
+        (ties: shallower, then earlier).  Every prefix of this order is a subtree, so cutting it anywhere keeps the
+        tree connected.  Needs `scores`."""
+        depth = self.depths()
+        children: dict[int, list[int]] = {}
+        for i, p in enumerate(self.parents):
+            if not self.is_probe(i):
+                children.setdefault(p, []).append(i)
+        key = lambda i: (-self.scores[i], depth[i], i)  # noqa: E731
+        heap = [key(i) for i in children.get(-1, [])]
+        heapq.heapify(heap)
+        out = []
+        while heap:
+            i = heapq.heappop(heap)[2]
+            out.append(i)
+            for c in children.get(i, []):
+                heapq.heappush(heap, key(c))
+        return out
 
 
 @dataclass

@@ -154,15 +154,6 @@ def test_sources_and_weights_merge_store_and_context():
                                          int(np.flatnonzero((trie.tokens == 9) & (trie.depth == 2))[0])]
 
 
-def test_best_cut_pays_for_verification():
-    rel = {0: 1.0, 1: 1.5, 2: 1.55, 4: 1.6, 8: 1.65, 16: 1.7, 32: 2.1, 64: 3.0}
-    assert R.best_cut(np.array([0.1, 0.05, 0.05]), rel) == 0  # not worth a 1.5x forward
-    assert R.best_cut(np.array([0.9, 0.8, 0.7, 0.01]), rel) == 3
-    assert R.best_cut(np.array([0.9] * 40), rel) == 40
-    assert R.best_cut(np.array([0.1, 0.05]), None) == 2
-    assert B.cost_at(rel, 3) == pytest.approx(1.575) and B.cost_at(rel, 128) == pytest.approx(4.8)
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # The drafter on a tiny datastore
 # ---------------------------------------------------------------------------------------------------------------------
@@ -181,7 +172,7 @@ def test_drafter_proposes_store_and_context_continuations(tmp_path):
     drafter = R.RestDrafter(store=store, budget=8, context_weight=20.0)
     state = DecodeState([40, 41, 42, 43, 7, 1, 2, 3], 3, 64, SamplingConfig(), None)
     tree = drafter.propose(state)
-    assert tree.tokens[0] == 4 and tree.sources[0] == "datastore" and drafter.last["store_match"] == 3
+    assert tree.tokens[0] == 4 and tree.sources[0] == "datastore" and store.retrieve(state.tokens, 16, 2, 100, 10)[0] == 3
     chain = [tree.tokens[j] for j in tree.path_to(len(tree) - 1)]
     assert chain == [4, 5, 6] and 9 in tree.tokens
     # the request itself: "42 43" occurred earlier, followed by 7 1 2 3 ...: copied with the context label
@@ -197,10 +188,10 @@ def test_unavailable_reason_and_errors_name_the_command(tmp_path):
     reason = R.unavailable_reason(other)
     assert reason and "python -m specdemo datastore build --model some/model --input" in reason
     with pytest.raises(DrafterUnavailable, match="datastore build --model some/model"):
-        R.make(other, budget=4, adaptive=False)
+        R.make(other, budget=4, dynamic=False)
     with pytest.raises(DrafterUnavailable, match="No datastore.*datastore build"):
-        R.make(other, datastore=str(tmp_path / "missing"), budget=4, adaptive=False)
-    assert R.make(other, datastore="none", budget=4, adaptive=False).store is None
+        R.make(other, datastore=str(tmp_path / "missing"), budget=4, dynamic=False)
+    assert R.make(other, datastore="none", budget=4, dynamic=False).store is None
     assert B.pick_budget(FakeTarget(device="cuda")) == 64
 
 
@@ -237,7 +228,7 @@ def test_rest_is_lossless_greedy(target, tiny_store):
         ids = target.encode_prompt(prompt)
         cfg = GenerationConfig(max_new_tokens=48)
         ar, _ = run_to_end(target, ids, None, cfg)
-        drafter = make_drafter("rest", target, datastore=str(tiny_store), budget=16, adaptive=False)
+        drafter = make_drafter("rest", target, datastore=str(tiny_store), budget=16, dynamic=False)
         got, events = run_to_end(target, ids, drafter, cfg)
         assert got == ar
         assert any(e.tree_size for e in events) and sum(e.accepted for e in events) > 0
@@ -255,7 +246,7 @@ def test_rest_is_lossless_sampling(target, tiny_store):
     for seed in (1,):
         cfg = GenerationConfig(max_new_tokens=48, sampling=SamplingConfig(temperature=0.8, top_p=0.95, seed=seed))
         ar, _ = run_to_end(target, ids, None, cfg)
-        drafter = make_drafter("rest", target, datastore=str(tiny_store), budget=16, adaptive=False)
+        drafter = make_drafter("rest", target, datastore=str(tiny_store), budget=16, dynamic=False)
         got, events = run_to_end(target, ids, drafter, cfg)
         assert got == ar
         assert any(e.tree_size for e in events)

@@ -13,10 +13,10 @@ Every step:
    share trusts a lone continuation completely; on the embedded model it is right ~45% per token).  The draft is the
    best-first subtree by that score under the node budget (a node only after its parent; ties: shallower, then token
    order), so it is deterministic.  `scoring="count"` selects by REST's raw prefix counts instead.
-5. On CPU the tree is cut per step to the n best nodes that maximise (1 + sum of their scores) / cost(n), cost(n)
-   being the measured cost of an n-node verification relative to an AR step (specdemo/budget.py): when the
-   retrieved continuations disagree the step sends a small tree or none, so REST does not pay for verification it is
-   unlikely to use.  The node budget is then only a cap.
+5. With `dynamic=true` (off by default, see `make`) each node's score is mapped
+   to the probability that it is accepted, fitted on training prompts, and the step sends the best-first prefix
+   that maximises expected tokens per unit of verification cost (budget.cut_to_cost): when the retrieved
+   continuations disagree the step sends a small tree or none.  The node budget is then only a cap.
 """
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..budget import calibrated_cost, cut_to_cost
+from ..calibration import Calibrator
 from ..datastore import Datastore, DatastoreError, build_command, default_dir, ensure_default
 from ..engine import DecodeState, Drafter
 from ..models import EMBEDDED, Target
@@ -32,10 +34,6 @@ from ..tree import DraftTree
 from . import DrafterUnavailable
 
 PAD = -1
-# tau of REST by node budget on the embedded model, chat-style prompts, default datastore, no per-step cut
-# (scripts/rest_tau.py --prompts chat; HumanEval is higher: 1.53 / 1.84 / 2.17 / 2.45 / 2.68 at 1 / 2 / 4 / 8 / 16)
-EXPECTED_TAU = {1: 1.34, 2: 1.50, 4: 1.65, 8: 1.78, 16: 1.84, 32: 1.87, 64: 1.90}
-MIN_ADAPTIVE_BUDGET = 8
 _HASH = np.random.default_rng(12345).integers(1, 2**62, 64, dtype=np.int64)  # row hashing (wraps around: fine)
 _stores: dict[tuple, Datastore] = {}
 
@@ -205,24 +203,8 @@ def select_subtree(trie: Trie, budget: int, min_share: float = 0.0, score: np.nd
     return chosen
 
 
-def best_cut(shares: np.ndarray, rel_cost: dict[int, float] | None, confidence: float = 1.0) -> int:
-    """How many of the best-first nodes to send: argmax over n of (1 + confidence * sum(shares[:n])) / cost(n);
-    0 (an AR step) when no tree pays for its verification.  Without a cost curve: all of them."""
-    if rel_cost is None or not len(shares):
-        return len(shares)
-    from ..budget import cost_at
-
-    gain = 1.0 + confidence * np.concatenate([[0.0], np.cumsum(shares)])
-    best, best_rate = 0, 1.0
-    for n in range(1, len(shares) + 1):
-        rate = gain[n] / cost_at(rel_cost, n)
-        if rate > best_rate + 1e-9:
-            best, best_rate = n, rate
-    return best
-
-
-def to_draft_tree(trie: Trie, chosen: list[int]) -> DraftTree:
-    """The chosen nodes as a DraftTree in BFS order (depth, then lexicographic), with per-node sources."""
+def to_draft_tree(trie: Trie, chosen: list[int], score: np.ndarray | None = None) -> DraftTree:
+    """The chosen nodes as a DraftTree in BFS order (depth, then lexicographic), with per-node sources (and scores)."""
     if not chosen:
         return DraftTree.empty()
     idx = sorted(chosen, key=lambda i: (int(trie.depth[i]), int(trie.order[i])))
@@ -231,6 +213,7 @@ def to_draft_tree(trie: Trie, chosen: list[int]) -> DraftTree:
         tokens=[int(trie.tokens[i]) for i in idx],
         parents=[pos[int(trie.parents[i])] if trie.parents[i] >= 0 else -1 for i in idx],
         sources=["context" if trie.context_weight[i] * 2 > trie.weight[i] else "datastore" for i in idx],
+        scores=[float(score[i]) for i in idx] if score is not None else None,
     )
 
 
@@ -253,9 +236,14 @@ class RestDrafter(Drafter):
     confidence: float = 0.95  # see acceptance_scores
     prior: float = 1.6
     context_prior: float = 5.0
-    rel_cost: dict[int, float] | None = None  # relative verification cost per tree size; None = no per-step cut
+    dynamic: bool = False  # size each tree by its calibrated value against the verification cost (module doc, 5.)
+    calibration: Path | None = None  # a calibration file other than the model's shipped one
     name: str = "rest"
-    last: dict = field(default_factory=dict, repr=False)  # what the last step found (for the UI / debugging)
+    calibrator: Calibrator | None = field(default=None, repr=False)
+    rel_cost: dict[int, float] | None = field(default=None, repr=False)
+
+    def begin(self, state: DecodeState, prompt_hidden) -> None:
+        self.calibrator, self.rel_cost = calibrated_cost(state.target, "rest", state, self.dynamic, self.calibration)
 
     def propose(self, state: DecodeState) -> DraftTree:
         tokens = state.tokens
@@ -276,17 +264,17 @@ class RestDrafter(Drafter):
                 parts.append(rows)
                 weights.append(np.full(len(rows), float(self.context_weight)))
                 is_ctx.append(np.ones(len(rows), dtype=bool))
-        self.last = {"store_match": m_store, "context_match": m_ctx}
         if not parts:
             return DraftTree.empty()
         trie = build_trie(np.concatenate(parts), np.concatenate(weights), np.concatenate(is_ctx))
         score = (acceptance_scores(trie, self.confidence, self.prior, self.context_prior)
                  if self.scoring == "acceptance" else trie.weight / trie.total)
         chosen = select_subtree(trie, self.budget, self.min_share, score)
-        if self.rel_cost is not None and chosen:
-            chosen = chosen[: best_cut(score[chosen], self.rel_cost)]
-        self._trie, self._chosen = trie, chosen  # for analysis (scripts): the tree's nodes are these, BFS-sorted
-        return to_draft_tree(trie, chosen)
+        tree = to_draft_tree(trie, chosen, score)
+        if self.calibrator is not None and len(tree):
+            tree = DraftTree(tree.tokens, tree.parents, tree.sources, None,
+                             self.calibrator(tree.sources, tree.depths(), tree.scores))
+        return cut_to_cost(tree, self.rel_cost)
 
 
 def _store_path(target: Target, datastore) -> Path | None:
@@ -305,15 +293,17 @@ def unavailable_reason(target: Target) -> str | None:
             f"`{build_command(target.name)}` (it is saved where REST looks for it).")
 
 
-CPU_BUDGET = 16  # bench: 16 nodes cost ~2.0x an AR step here and buy tau 2.68 (HumanEval) / 2.10 (chat)
+CPU_BUDGET = 16  # fixed-size trees on CPU (dynamic off): 16 nodes cost ~1.7x an AR step here
+DYNAMIC_CAP = 24  # dynamic on: the cap; each step sends what pays for itself (module doc, 5.)
 
 
 def make(target: Target, datastore: str | None = None, budget: int | None = None, max_suffix: int = 16,
-         min_suffix: int = 2, adaptive: bool | None = None, **options) -> RestDrafter:
+         min_suffix: int = 2, dynamic: bool | None = None, calibration: str | None = None,
+         **options) -> RestDrafter:
     """A REST drafter for `target`.  datastore: a folder, "default" (the model's default store; built on first use
     for the embedded model) or "none" (request-only retrieval).  budget: max draft nodes per step (default: 64 on a
-    GPU, 16 on CPU: the best of the sizes benchmarked on the 2-core dev CPU).  adaptive: cut each tree to what its
-    verification cost pays for (off by default: measured slower, see below)."""
+    GPU; on CPU 24 with dynamic sizing, else 16).  dynamic: size each step's tree by its calibrated value against the
+    measured verification cost (default off, see below; without a calibration for the model it keeps the budget)."""
     from .. import budget as budget_mod
 
     if max_suffix < 1 or min_suffix < 1 or min_suffix > max_suffix:
@@ -328,20 +318,12 @@ def make(target: Target, datastore: str | None = None, budget: int | None = None
         except DatastoreError as exc:
             raise DrafterUnavailable(str(exc)) from exc
     cpu = target.device.type == "cpu"
-    if adaptive is None:
-        # Measured side by side (README "Benchmarks", 2-core CPU): a fixed 16-node tree beat the per-step cut on both
-        # HumanEval (1.36x, tau 2.68 vs 1.25x, tau 1.59) and chat (1.19x vs 1.21x at tau 2.10 vs 1.81): the cut's
-        # acceptance estimates are too cautious, so it is opt-in (adaptive=True).
-        adaptive = False
+    if dynamic is None:
+        # Off by default: on the training prompts (assets/prompts/tune.jsonl, whose answers the store holds) the cut
+        # gave 2.19x at tau 2.80 against 3.72x at tau 6.29 for the fixed 16-node tree -- the calibration, fitted
+        # where the store rarely holds the answer verbatim, undervalues long unanimous continuations.
+        dynamic = False
     if budget is None:
-        if not cpu:
-            budget = budget_mod.GPU_BUDGET
-        elif adaptive:  # the per-step cut already refuses trees that do not pay: the budget is only a cap
-            budget = max(budget_mod.pick_budget(target, EXPECTED_TAU), MIN_ADAPTIVE_BUDGET)
-        else:
-            budget = CPU_BUDGET
-    rel = options.pop("rel_cost", None)
-    if rel is None and adaptive:
-        rel = budget_mod.relative_cost(budget_mod.verify_cost_curve(target))
+        budget = (DYNAMIC_CAP if dynamic else CPU_BUDGET) if cpu else budget_mod.GPU_BUDGET
     return RestDrafter(store=store, budget=int(budget), max_suffix=int(max_suffix), min_suffix=int(min_suffix),
-                       rel_cost=rel, **options)
+                       dynamic=dynamic, calibration=Path(calibration) if calibration else None, **options)

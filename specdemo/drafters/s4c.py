@@ -20,11 +20,14 @@ tokens; `drafter.acceptance_by_depth()` gives the conditional rates.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from ..budget import best_size, calibrated_cost, cut_to_cost
+from ..calibration import available as calibration_available
 from ..engine import DecodeState, Drafter, KVCache, Verified
 from ..models import EMBEDDED, Target
 from ..s4c import EMBEDDED_HEADS, S4CArtifactError, S4CHeads, load_heads, train_command
@@ -53,19 +56,24 @@ class S4CDrafter(Drafter):
     needs_hidden = True
 
     def __init__(self, target: Target, heads: S4CHeads, tree: str = "s4c", budget: int = 15, topk: int = 3,
-                 context: int = 0):
+                 context: int = 0, dynamic: bool = False, calibration: Path | None = None):
         if tree not in TREES:
             raise ValueError(f"s4c tree must be one of {', '.join(TREES)} (got {tree!r})")
         self.target, self.heads, self.tree_kind = target, heads, tree
         self.budget, self.topk = int(budget), max(1, int(topk))
         self.context = int(context)  # >0: also graft a prompt-lookup chain of up to this many tokens (not in the paper)
         self.H = heads.n_heads
+        # dynamic: score every node with its calibrated acceptance probability and send, per step, the best-first
+        # prefix that pays for its verification (budget.cut_to_cost); `budget` is then only a cap
+        self.dynamic, self.calibration_path = bool(dynamic), calibration
+        self.calibrator, self.rel_cost = None, None
         self.stats = {"steps": 0, "reached": [0] * self.H, "accepted": [0] * self.H}
         self._last_depths: list[int] = []
 
     # ------------------------------------------------------------------ state
     def begin(self, state: DecodeState, prompt_hidden: torch.Tensor | None) -> None:
         t, d = self.target, self.heads.d
+        self.calibrator, self.rel_cost = calibrated_cost(self.target, "s4c", state, self.dynamic, self.calibration_path)
         cap = len(state.tokens) + state.max_new_tokens + 8
         self.F = torch.zeros(cap, d, dtype=t.dtype, device=t.device)  # target features f_t
         self.G = [torch.zeros(cap, d, dtype=t.dtype, device=t.device) for _ in range(self.H)]  # committed head outputs
@@ -181,6 +189,8 @@ class S4CDrafter(Drafter):
         else:
             frontier = list(range(len(first)))
         chain_nodes = set(frontier)
+        if self.rel_cost is not None and self._not_worth_deeper(nodes[0].logp):
+            frontier = []  # the deeper heads' calls are skipped: even sure children could not pay for this step
         for depth in range(2, self.H + 1):
             h = depth - 1
             if n - h < 0 or not frontier or depth > state.remaining - 1:
@@ -219,7 +229,26 @@ class S4CDrafter(Drafter):
 
             chain = lookup(tokens, min(self.context, self.budget - 1), max_ngram=3, min_ngram=2)
         tree = self._select(nodes, chain_nodes if kind != "eagle" else set(), self.budget - len(chain))
-        return self._graft_context(tree, chain) if chain else tree
+        tree = self._graft_context(tree, chain) if chain else tree
+        tree = self._score(tree)
+        if self.rel_cost is not None:
+            tree = cut_to_cost(tree, self.rel_cost)
+            self._last_depths = [d for d, s in zip(tree.depths(), tree.sources) if s != "context"]
+        return tree
+
+    def _not_worth_deeper(self, top_logp: float) -> bool:
+        """True when the best depth-1 candidate is so unlikely that no chain under it pays for its verification even
+        if every deeper node were certain given its parent (an upper bound), so heads 2..H need not run."""
+        p1 = self.calibrator(["head1"], [1], [math.exp(top_logp)])[0]
+        return best_size([p1] * self.H, self.rel_cost) <= 1
+
+    def _score(self, tree: DraftTree) -> DraftTree:
+        """Raw scores (the heads' path probability; grafted context nodes 1.0, their calibration table holding how
+        often such a node is right at its depth) mapped to acceptance probabilities, when calibrated."""
+        if self.calibrator is None:
+            return tree
+        scores = self.calibrator(tree.sources, tree.depths(), tree.scores)
+        return DraftTree(tree.tokens, tree.parents, tree.sources, None, scores)
 
     def _graft_context(self, tree: DraftTree, chain: list[int]) -> DraftTree:
         """Hybrid option (`context=N`, off by default): follow the prompt-lookup continuation down the head tree and
@@ -233,13 +262,14 @@ class S4CDrafter(Drafter):
         tail = chain[i:]
         if not tail:
             return tree
-        toks, parents, src = list(tree.tokens), list(tree.parents), list(tree.sources)
+        toks, parents, src, raw = list(tree.tokens), list(tree.parents), list(tree.sources), list(tree.scores)
         for t in tail:
             toks.append(t)
             parents.append(node)
             src.append("context")
+            raw.append(1.0)
             node = len(toks) - 1
-        return DraftTree(toks, parents, src)
+        return DraftTree(toks, parents, src, None, raw)
 
     @staticmethod
     def _path(nodes, i):
@@ -268,7 +298,7 @@ class S4CDrafter(Drafter):
             parents.append(remap[nodes[j].parent])
             src.append(f"head{nodes[j].depth}")
         self._last_depths = [nodes[j].depth for j in kept]
-        return DraftTree(toks, parents, src)
+        return DraftTree(toks, parents, src, None, [math.exp(nodes[j].logp) for j in kept])
 
 
 # Default node budget.  CPU: 11 -- chosen with plain F.linear (see docs/s4c.md; with cpu_linear.py nodes got cheaper
@@ -277,12 +307,19 @@ class S4CDrafter(Drafter):
 # cases), and in side-by-side bench runs 7/11/15 nodes gave 1.31/1.28/1.21x on HumanEval and 1.19/1.18/1.18x on chat,
 # with tau falling as the tree shrinks (2.34/2.53/2.59 and 2.11/2.21/2.26); 11 keeps most of the tau.  Elsewhere 15.
 CPU_BUDGET, DEFAULT_BUDGET = 11, 15
+# With per-step sizing (dynamic, the CPU default when the model has a calibration) the budget is only a cap: each
+# step sends the best-first prefix of the tree that pays for its verification, so the cap can hold the whole s4c tree.
+DYNAMIC_CAP = 16
 
 
 def make(target: Target, heads: str | None = None, tree: str = "s4c", budget: int | str | None = None, topk: int = 3,
-         context: int = 6, **unknown) -> S4CDrafter:
+         context: int = 6, dynamic: bool | None = None, calibration: str | None = None, **unknown) -> S4CDrafter:
     if unknown:
-        raise ValueError(f"unknown S4C options: {', '.join(unknown)} (known: heads, tree, budget, topk, context)")
+        raise ValueError(f"unknown S4C options: {', '.join(unknown)} "
+                         "(known: heads, tree, budget, topk, context, dynamic, calibration)")
+    cpu = target.device.type == "cpu"
+    if dynamic is None:  # per-step sizing where verification cost grows with the tree and a calibration exists
+        dynamic = cpu and calibration_available(target, "s4c")
     source = heads or default_heads(target)
     if source is None or (isinstance(source, Path) and not (source / "model.safetensors").exists()):
         raise DrafterUnavailable(_missing(target))
@@ -291,11 +328,12 @@ def make(target: Target, heads: str | None = None, tree: str = "s4c", budget: in
     except S4CArtifactError as exc:
         raise DrafterUnavailable(str(exc)) from exc
     if budget is None:
-        budget = CPU_BUDGET if target.device.type == "cpu" else DEFAULT_BUDGET
+        budget = (DYNAMIC_CAP if dynamic else CPU_BUDGET) if cpu else DEFAULT_BUDGET
     if budget == "auto":
         budget = _auto_budget(target)
         topk = max(int(topk), -(-budget // (2 * loaded.n_heads - 1)))  # an s4c tree holds (2H - 1) * topk nodes
-    return S4CDrafter(target, loaded, tree=str(tree), budget=int(budget), topk=int(topk), context=int(context))
+    return S4CDrafter(target, loaded, tree=str(tree), budget=int(budget), topk=int(topk), context=int(context),
+                      dynamic=dynamic, calibration=Path(calibration) if calibration else None)
 
 
 # tau of the s4c tree by node budget on the embedded model with the shipped heads (scripts/s4c_tau.py, greedy)

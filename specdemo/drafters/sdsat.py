@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from ..budget import best_size, calibrated_cost
+from ..calibration import available as calibration_available
 from ..engine import DecodeState, Drafter, Verified
 from ..tree import DraftTree, TreeBuffers
 from . import DrafterUnavailable
@@ -36,7 +38,7 @@ class SDSATDrafter(Drafter):
     name = "sdsat"
 
     def __init__(self, target, adapter, k: int = 4, loop: str = "fused", branching=None, chains: int = -1,
-                 lookup: int = 0, shape: str = "uniform"):
+                 lookup: int = 0, shape: str = "uniform", dynamic: bool = False, calibration: Path | None = None):
         if loop not in ("fused", "paper"):
             raise ValueError(f"loop must be 'fused' or 'paper', got {loop!r}")
         if shape not in ("uniform", "main", "fan"):
@@ -53,8 +55,13 @@ class SDSATDrafter(Drafter):
         self.branching = (self.branching + [1] * self.k)[: self.k]
         self.lookup = int(lookup)  # > 0: also merge a prompt-lookup chain of this many tokens (off by default)
         self.chains = chains  # probe chains under at most this many main-path draft nodes (-1 = all)
+        # dynamic: send, per step, the draft nodes that pay for their verification by their calibrated acceptance
+        # probability (budget.best_size); a probe chain rides along with the node it hangs under
+        self.dynamic, self.calibration_path = bool(dynamic), calibration
+        self.calibrator, self.rel_cost = None, None
         self.reset_stats()
         self._pending: list[list[int]] | None = None
+        self._pending_p: list[list[float]] | None = None  # the probes' probabilities of those candidates
 
     def reset_stats(self) -> None:
         self.stats = {"steps": 0, "forwards_with_draft": 0, "proposed_by_depth": [0] * self.k,
@@ -62,11 +69,14 @@ class SDSATDrafter(Drafter):
 
     # ------------------------------------------------------------------ engine interface
     def begin(self, state: DecodeState, prompt_hidden) -> None:
-        self._pending = None
+        self._pending = self._pending_p = None
+        self.calibrator, self.rel_cost = calibrated_cost(state.target, "sdsat", state, self.dynamic,
+                                                         self.calibration_path)
 
     def propose(self, state: DecodeState) -> DraftTree:
         ranked = self._pending or []
-        tokens, parents, sources, probe = [], [], [], []
+        probs = self._pending_p or [[1.0] * len(c) for c in ranked]
+        tokens, parents, sources, probe, raw = [], [], [], [], []
         main_path: list[int] = []  # node index of the top-1 path at each depth
         frontier = [-1]
         for d, cands in enumerate(ranked):
@@ -80,12 +90,14 @@ class SDSATDrafter(Drafter):
                     parents.append(parent)
                     sources.append("adaptive")
                     probe.append(False)
+                    raw.append(probs[d][rank] * (raw[parent] if parent >= 0 else 1.0))
                     if rank == 0 and (parent == -1 or (main_path and parent == main_path[-1])):
                         main_path.append(len(tokens) - 1)
                     nxt.append(len(tokens) - 1)
             frontier = nxt
         if self.lookup and (self.loop == "fused" or ranked):
             self._merge_lookup(state, tokens, parents, sources, probe)
+            raw += [1.0] * (len(tokens) - len(raw))
         if self.loop == "fused" or not ranked:
             origins = [-1] + (main_path if self.loop == "fused" else [])
             if self.chains >= 0:
@@ -99,9 +111,30 @@ class SDSATDrafter(Drafter):
                     parents.append(parent)
                     sources.append("probe")
                     probe.append(True)
+                    raw.append(0.0)
                     parent = len(tokens) - 1
-        self._pending = None
-        return DraftTree(tokens, parents, sources, probe)
+        self._pending = self._pending_p = None
+        tree = DraftTree(tokens, parents, sources, probe, raw)
+        if self.calibrator is not None and len(tree):
+            depths = tree.depths()
+            cal = self.calibrator(sources, depths, raw)
+            tree.scores = [0.0 if pr else c for pr, c in zip(probe, cal)]
+        return self._cut(tree) if self.rel_cost is not None else tree
+
+    def _cut(self, tree: DraftTree) -> DraftTree:
+        """Keep the best-first draft nodes that pay for their verification; a probe chain stays with its origin (the
+        root's chain always: it drafts the next step)."""
+        chains = _chains(tree)
+        order = tree.best_first()
+        extra, kept = [], set()
+        for n in range(len(order) + 1):
+            if n:
+                kept.add(order[n - 1])
+            extra.append(sum(len(c) for o, c in chains.items() if o == -1 or o in kept))
+        n = best_size([tree.scores[i] for i in order], self.rel_cost, lambda m: extra[m])
+        keep = set(order[:n])
+        keep |= {i for o, c in chains.items() if o == -1 or o in keep for i in c}
+        return tree.subtree(sorted(keep))
 
     def _merge_lookup(self, state, tokens, parents, sources, probe) -> None:
         """Option `lookup`: merge a prompt-lookup chain (drafters/pld.py) into the draft tree as a trie branch."""
@@ -144,7 +177,7 @@ class SDSATDrafter(Drafter):
                     st["accepted_by_depth"][d - 1] += 1
         chains = _chains(tree)  # from the (possibly pruned) tree the engine verified
         if not chains:
-            self._pending = None
+            self._pending = self._pending_p = None
             return
         # the deepest accepted node (or the root) that carries a chain
         origin = -1
@@ -152,7 +185,7 @@ class SDSATDrafter(Drafter):
             if node in chains:
                 origin = node
         if origin not in chains:
-            self._pending = None
+            self._pending = self._pending_p = None
             return
         a = len(acc)  # accepted drafts; the new root sits at depth a + 1
         o_depth = 0 if origin == -1 else depth[origin]
@@ -161,11 +194,12 @@ class SDSATDrafter(Drafter):
         skip = a - o_depth
         use = idx[skip:]
         if not use:
-            self._pending = None
+            self._pending = self._pending_p = None
             return
         logits = self._probe_logits(verified, use)
         width = max(self.branching)
-        self._pending = logits.topk(width, dim=-1).indices.tolist()
+        top = logits.float().softmax(-1).topk(width, dim=-1)
+        self._pending, self._pending_p = top.indices.tolist(), top.values.tolist()
 
     def _probe_logits(self, verified: Verified, nodes: list[int]) -> torch.Tensor:
         """The probe rows' logits: the engine already computed them (row i + 1 = node i) in the same forward."""
@@ -228,12 +262,13 @@ def self_verifying(target) -> bool:
 
 def make(target, adapter=None, k: int | None = None, loop: str = "fused", branching=None, chains: int | None = None,
          lookup: int = 0, shape: str | None = None, model_verifies: bool | None = None, token_id: int | None = None,
-         **options) -> SDSATDrafter:
+         dynamic: bool | None = None, calibration: str | None = None, **options) -> SDSATDrafter:
     from ..sdsat import AdapterError, default_artifact_dir, load_adapter
 
     if options:
         raise ValueError(f"unknown SDSAT options: {', '.join(options)} "
-                         "(known: adapter, k, loop, branching, chains, lookup, shape, model_verifies, token_id)")
+                         "(known: adapter, k, loop, branching, chains, lookup, shape, model_verifies, token_id, dynamic, "
+                         "calibration)")
     model_verifies = self_verifying(target) if model_verifies is None else bool(model_verifies)
     if model_verifies:
         token_id = PUBLISHED.get(target.name) if token_id is None else token_id
@@ -257,7 +292,10 @@ def make(target, adapter=None, k: int | None = None, loop: str = "fused", branch
             raise DrafterUnavailable(f"{exc} Create one with `{_train_cmd(target)}`.") from exc
     else:
         ad = spec  # an SDSATAdapter object (tests)
-    return SDSATDrafter(target, ad, k=k, loop=loop, branching=branching, chains=chains, lookup=lookup, shape=shape)
+    if dynamic is None:  # per-step sizing where verification cost grows with the tree and a calibration exists
+        dynamic = target.device.type == "cpu" and calibration_available(target, "sdsat")
+    return SDSATDrafter(target, ad, k=k, loop=loop, branching=branching, chains=chains, lookup=lookup, shape=shape,
+                        dynamic=dynamic, calibration=Path(calibration) if calibration else None)
 
 
 def unavailable_reason(target) -> str | None:

@@ -1,0 +1,118 @@
+"""`python -m specdemo calibrate`: fit the drafters' acceptance calibration (calibration.py) on training prompts.
+
+Each method decodes training prompts with its trees *uncut* (dynamic sizing off, the dynamic cap as the budget), and
+every proposed node is recorded with its raw score, source, depth and whether it ended on the accepted path.  For a
+node that is well defined whatever the rest of the tree holds: the target's choice at a position does not depend on
+the draft (greedy, and sampling with the engine's position-keyed noise), so a node is accepted exactly when its path
+spells what the target commits.  Greedy decoding and sampling get separate tables: sampling accepts less.
+
+Prompts: first user turns of ShareGPT's *training* split that were not distilled into the shipped corpora (so REST
+cannot retrieve their own answers and the heads have not seen them), decontaminated against HumanEval and Spec-Bench
+like every training prompt.  The evaluation sets are never used here.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+from .calibration import FORMAT, default_path, fit
+
+METHOD_OPTIONS = {  # uncut trees, as large as the dynamic mode's cap
+    "rest": {"dynamic": False, "calibration": "none", "budget": 24},
+    "s4c": {"dynamic": False, "calibration": "none", "budget": 16},
+    "sdsat": {"dynamic": False, "calibration": "none"},
+}
+SAMPLING = {"temperature": 0.8, "top_p": 0.9, "seed": 7}  # the sampling table's settings (README's sampling runs)
+
+
+def training_prompts(n: int, max_prompt_tokens: int, target) -> list[tuple[str, list[int]]]:
+    """(id, prompt ids) of `n` ShareGPT training-split first turns that no shipped corpus distilled, in a fixed order."""
+    from . import sharegpt
+    from .corpus import DISTILLED_CORPORA
+    from .distill import read_corpus
+
+    seen = set()
+    for path in DISTILLED_CORPORA:
+        _, records = read_corpus(Path(path))
+        seen.update(sharegpt.conversation_id(str(r["id"]).split(":")[1]) for r in records
+                    if str(r.get("id", "")).startswith("sg:"))
+    convs = sharegpt.conversations(decontaminate=sharegpt.Decontaminator.for_evaluation_sets())
+    pool = [c for c in convs if not c.heldout and sharegpt.conversation_id(c.id) not in seen]
+    pool.sort(key=lambda c: hashlib.blake2b(f"calibrate:{c.id}".encode(), digest_size=8).digest())
+    out = []
+    for c in pool:
+        ids = target.encode_chat(c.chat[:1])
+        if 8 <= len(ids) <= max_prompt_tokens:
+            out.append((f"sg:{c.id}:0", ids))
+        if len(out) == n:
+            break
+    return out
+
+
+def node_rows(events) -> list[tuple[str, int, float, bool]]:
+    """(source, depth, raw score, accepted) of every draft node of every step."""
+    rows = []
+    for ev in events:
+        tree = ev.tree
+        if not len(tree) or tree.scores is None:
+            continue
+        accepted = set(ev.accepted_nodes)
+        for i, d in enumerate(tree.depths()):
+            if not tree.is_probe(i):
+                rows.append((tree.sources[i] if tree.sources else "draft", d, float(tree.scores[i]), i in accepted))
+    return rows
+
+
+def register(sub) -> None:
+    p = sub.add_parser("calibrate", help="fit the drafters' acceptance calibration on training prompts")
+    p.add_argument("--model", default="embedded")
+    p.add_argument("--methods", default="rest,s4c,sdsat")
+    p.add_argument("--prompts", type=int, default=32, help="ShareGPT training-split prompts (default 32)")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--max-prompt-tokens", type=int, default=1024)
+    p.add_argument("--modes", default="greedy,sampling")
+    p.add_argument("--out", default=None, help="default: assets/calibration/<model>.json")
+    p.set_defaults(func=_cli)
+
+
+def _cli(args) -> int:
+    from .drafters import make_drafter
+    from .engine import GenerationConfig, generate
+    from .models import load_target
+    from .sampling import SamplingConfig
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in METHOD_OPTIONS]
+    if unknown:
+        raise ValueError(f"calibrate knows {', '.join(METHOD_OPTIONS)}; got {', '.join(unknown)}")
+    target = load_target(args.model)
+    prompts = training_prompts(args.prompts, args.max_prompt_tokens, target)
+    out = Path(args.out) if args.out else default_path(target.name)
+    tables: dict[str, dict] = {}
+    counts: dict[str, dict] = {}
+    for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
+        sampling = SamplingConfig() if mode == "greedy" else SamplingConfig(**SAMPLING)
+        for method in methods:
+            rows, t0 = [], time.perf_counter()
+            for k, (pid, ids) in enumerate(prompts):
+                drafter = make_drafter(method, target, **METHOD_OPTIONS[method])
+                cfg = GenerationConfig(max_new_tokens=args.max_new_tokens, sampling=sampling)
+                rows += node_rows(generate(target, ids, drafter, cfg))
+                print(f"\r{mode} {method}: {k + 1}/{len(prompts)} prompts, {len(rows)} nodes", end="",
+                      file=sys.stderr, flush=True)
+            print(f" ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+            tables.setdefault(mode, {})[method] = fit(rows)
+            counts.setdefault(mode, {})[method] = {"nodes": len(rows), "accepted": int(sum(r[3] for r in rows))}
+    data = {"format": FORMAT, "version": 1, "model": target.name, "tokenizer": target.identity,
+            "command": "python -m specdemo calibrate " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["calibrate"] else []),
+            "prompts": [pid for pid, _ in prompts], "max_new_tokens": args.max_new_tokens, "sampling": SAMPLING,
+            "collection": METHOD_OPTIONS, "counts": counts, "tables": tables}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(out)
+    print(f"wrote {out}")
+    return 0

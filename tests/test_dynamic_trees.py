@@ -1,0 +1,135 @@
+"""Per-step tree sizing: best-first order, the cost cut, the calibration, and losslessness with dynamic trees on."""
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specdemo import budget as B
+from specdemo import calibration as C
+from specdemo.drafters import make_drafter
+from specdemo.engine import GenerationConfig, run_to_end
+from specdemo.sampling import SamplingConfig
+from specdemo.tree import DraftTree
+
+REL = {0: 1.0, 1: 1.1, 2: 1.15, 4: 1.25, 8: 1.4, 16: 1.7, 32: 2.4}
+
+
+def random_tree(rng: random.Random, n: int) -> DraftTree:
+    parents = [rng.randrange(-1, i) for i in range(n)]
+    return DraftTree([rng.randrange(100) for _ in range(n)], parents, ["datastore"] * n, None,
+                     [rng.random() for _ in range(n)])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 40), st.integers(0, 10**6))
+def test_best_first_prefixes_are_subtrees(n, seed):
+    tree = random_tree(random.Random(seed), n)
+    order = tree.best_first()
+    assert sorted(order) == list(range(n))
+    for k in range(n + 1):
+        taken = set(order[:k])
+        assert all(tree.parents[i] < 0 or tree.parents[i] in taken for i in taken)
+    cut = B.cut_to_cost(tree, REL)
+    assert len(cut) <= n
+    # the cut is a best-first prefix, re-indexed in the tree's own order (parents first)
+    want = tree.subtree(sorted(order[: len(cut)]))
+    assert (cut.tokens, cut.parents, cut.scores) == (want.tokens, want.parents, want.scores)
+    probs = [tree.scores[i] for i in order]
+    assert len(cut) == B.best_size(probs, REL)
+
+
+def test_best_first_takes_the_best_available_node():
+    # root children 0 (0.9) and 1 (0.2); 2 under 0 (0.8); 3 under 1 (0.95: only once 1 is in)
+    tree = DraftTree([1, 2, 3, 4], [-1, -1, 0, 1], None, None, [0.9, 0.2, 0.8, 0.95])
+    assert tree.best_first() == [0, 2, 1, 3]
+
+
+def test_best_size_weighs_expected_tokens_against_cost():
+    assert B.best_size([0.05, 0.02], REL) == 0  # not worth a 1.1x forward
+    assert B.best_size([0.9, 0.8, 0.7, 0.01], REL) == 3
+    assert B.best_size([0.95] * 40, REL) == 40
+    assert B.best_size([], REL) == 0
+    # nodes that ride along (probes) make a draft dearer
+    assert B.best_size([0.2], REL) == 1 and B.best_size([0.2], REL, lambda n: 8 * n) == 0
+    assert B.cost_at(REL, 3) == pytest.approx(1.2) and B.cost_at(REL, 64) == pytest.approx(3.8)
+
+
+def test_cut_without_curve_or_scores_is_the_tree():
+    tree = DraftTree.chain([1, 2, 3])
+    assert B.cut_to_cost(tree, REL) is tree
+    scored = DraftTree([1, 2], [-1, 0], None, None, [0.9, 0.9])
+    assert B.cut_to_cost(scored, None) is scored
+
+
+def test_isotonic_is_monotone_and_matches_rates():
+    rng = np.random.default_rng(0)
+    x = rng.random(4000)
+    y = (rng.random(4000) < x**2).astype(float)  # true acceptance = score squared
+    xs, ys = C.isotonic(x, y)
+    assert all(a <= b for a, b in zip(ys, ys[1:])) and all(a < b for a, b in zip(xs, xs[1:]))
+    for q in (0.2, 0.5, 0.9):
+        assert abs(np.interp(q, xs, ys) - q**2) < 0.08
+    xs, ys = C.isotonic(np.array([0.5] * 10), np.array([1.0] * 3 + [0.0] * 7))
+    assert xs == [0.5] and ys == [0.3]
+
+
+def test_fit_load_and_refusal(tmp_path):
+    rows = [("head1", 1, s / 100, s > 50) for s in range(100)] + [("context", 6, 1.0, k % 4 == 0) for k in range(80)]
+    tables = C.fit(rows)
+    assert set(tables) == {"head1|1", "context|4"}  # depths past MAX_DEPTH share a table
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps({"format": C.FORMAT, "tokenizer": "tok-A", "tables": {"greedy": {"s4c": tables}}}))
+    cal = C.load("m", "tok-A", "s4c", sampling=False, path=path)
+    p = cal(["head1", "head1", "context", "other"], [1, 1, 5, 2], [0.1, 0.9, 1.0, 0.42])
+    assert p[0] < 0.2 and p[1] > 0.8 and p[2] == pytest.approx(0.25) and p[3] == 0.42  # no table: raw score
+    assert C.load("m", "tok-B", "s4c", sampling=False, path=path) is None  # another tokenizer
+    assert C.load("m", "tok-A", "s4c", sampling=True, path=path) is None  # no sampling table
+    assert C.load("m", "tok-A", "rest", sampling=False, path=path) is None
+    assert C.load("m", "tok-A", "s4c", sampling=False, path=tmp_path / "missing.json") is None
+
+
+def _calibration_file(tmp_path, target, generous: bool) -> str:
+    """A calibration that maps every raw score to a fixed probability per depth: generous keeps big trees, the
+    other says no node is ever accepted, so no tree can pay and every step is a plain one: both ends of the cut."""
+    p = [0.9, 0.8, 0.7, 0.6] if generous else [0.0, 0.0, 0.0, 0.0]
+    table = {f"{src}|{d}": {"x": [0.0, 1.0], "y": [p[d - 1], p[d - 1]], "n": 1}
+             for src in ("head1", "head2", "head3", "context", "datastore", "adaptive") for d in range(1, 5)}
+    tables = {m: table for m in ("rest", "s4c", "sdsat")}
+    path = tmp_path / f"cal-{generous}.json"
+    path.write_text(json.dumps({"format": C.FORMAT, "tokenizer": target.identity,
+                                "tables": {"greedy": tables, "sampling": tables}}))
+    return str(path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["rest", "s4c", "sdsat"])
+def test_dynamic_trees_lossless_and_within_budget(embedded, tmp_path, method):
+    from specdemo.drafters import unavailable_reason
+
+    if unavailable_reason(method, embedded):
+        pytest.skip(f"{method} has no shipped artifact")
+    prompt = embedded.encode_prompt("Write a Python function that returns the sum of a list of numbers.")
+    greedy, sampled = SamplingConfig(), SamplingConfig(temperature=0.8, top_p=0.9, seed=5)
+    refs = {}
+    for generous, sampling in ((True, greedy), (True, sampled), (False, greedy)):
+        cfg = GenerationConfig(max_new_tokens=24, sampling=sampling)
+        if sampling.greedy not in refs:
+            refs[sampling.greedy] = run_to_end(embedded, prompt, None, cfg)[0]
+        opts = {"dynamic": True, "calibration": _calibration_file(tmp_path, embedded, generous)}
+        if method != "sdsat":
+            opts["budget"] = 12
+        got, events = run_to_end(embedded, prompt, make_drafter(method, embedded, **opts), cfg)
+        assert got == refs[sampling.greedy]
+        drafts = [sum(not e.tree.is_probe(i) for i in range(len(e.tree))) for e in events]
+        if method != "sdsat":
+            assert max(e.tree_size for e in events) <= 12
+        if generous:
+            assert sum(drafts) > 0
+        else:
+            assert not any(drafts)  # no step judged worth a tree
+        assert all(e.tree.scores is None or len(e.tree.scores) == len(e.tree) for e in events)
