@@ -132,7 +132,8 @@ def best_size(probs: Sequence[float], rel: dict[int, float], extra_nodes: Callab
     nodes of P(node on the accepted path), so with calibrated p this is the step's expected speed relative to AR.
     `extra_nodes(n)`: nodes that ride along with the first n (SDSAT's probes).  0 = a plain step wins."""
     extra = extra_nodes or (lambda n: 0)
-    best, best_rate, gain = 0, 1.0 / cost_at(rel, extra(0)) if extra(0) else 1.0, 1.0
+    best, gain = 0, 1.0
+    best_rate = gain / cost_at(rel, extra(0))  # no draft node: a plain step (cost 1) or the riders alone
     for n, p in enumerate(probs, start=1):
         gain += p
         rate = gain / cost_at(rel, n + extra(n))

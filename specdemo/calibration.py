@@ -14,7 +14,8 @@ calibrate.py), never on the evaluation sets.  It ships as one small JSON per mod
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -79,6 +80,13 @@ class Calibrator:
             out.append(float(np.interp(s, t["x"], t["y"])) if t else float(s))
         return out
 
+    def apply(self, tree):
+        """The DraftTree with its raw scores replaced by acceptance probabilities (probe nodes: 0, never accepted)."""
+        if not len(tree):
+            return tree
+        probs = self(tree.sources or [None] * len(tree), tree.depths(), tree.scores)
+        return replace(tree, scores=[0.0 if tree.is_probe(i) else p for i, p in enumerate(probs)])
+
 
 def available(target, method: str) -> bool:
     """Whether the model ships a greedy calibration for `method` (the drafters' default for `dynamic`)."""
@@ -88,12 +96,18 @@ def available(target, method: str) -> bool:
 def load(model_name: str, identity: str, method: str, sampling: bool, path: Path | None = None) -> Calibrator | None:
     """The shipped calibration of `method` for this model and decoding mode, or None (no file, another tokenizer,
     no table for the method): the drafter then uses its raw scores and its fixed node budget."""
-    path = path or default_path(model_name)
+    path = Path(path or default_path(model_name))
     try:
-        data = json.loads(Path(path).read_text())
+        data = _read(str(path), path.stat().st_mtime_ns)
     except (OSError, ValueError):
         return None
     if data.get("format") != FORMAT or data.get("tokenizer") != identity:
         return None
     tables = data.get("tables", {}).get("sampling" if sampling else "greedy", {}).get(method)
     return Calibrator(tables) if tables else None
+
+
+@lru_cache(maxsize=8)
+def _read(path: str, mtime_ns: int) -> dict:
+    """A calibration file's JSON, read once per version of the file (drafters load it at every request's start)."""
+    return json.loads(Path(path).read_text())

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 NAME = "sdpa_grouped_kv"
 
@@ -24,8 +25,6 @@ def grouped_kv_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
                     attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                     is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
     """transformers' attention-function signature: (batch, heads, q, d) inputs -> ((batch, q, heads, d), None)."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     plain = (query.device.type != "cpu" or attention_mask is None or getattr(module, "num_key_value_groups", 1) == 1
              or kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None
              or kwargs.get("cache") is not None or attention_mask.dtype == torch.bool)

@@ -271,9 +271,8 @@ class RestDrafter(Drafter):
                  if self.scoring == "acceptance" else trie.weight / trie.total)
         chosen = select_subtree(trie, self.budget, self.min_share, score)
         tree = to_draft_tree(trie, chosen, score)
-        if self.calibrator is not None and len(tree):
-            tree = DraftTree(tree.tokens, tree.parents, tree.sources, None,
-                             self.calibrator(tree.sources, tree.depths(), tree.scores))
+        if self.calibrator is not None:
+            tree = self.calibrator.apply(tree)
         return cut_to_cost(tree, self.rel_cost)
 
 

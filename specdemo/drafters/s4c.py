@@ -230,7 +230,10 @@ class S4CDrafter(Drafter):
             chain = lookup(tokens, min(self.context, self.budget - 1), max_ngram=3, min_ngram=2)
         tree = self._select(nodes, chain_nodes if kind != "eagle" else set(), self.budget - len(chain))
         tree = self._graft_context(tree, chain) if chain else tree
-        tree = self._score(tree)
+        # raw scores: the heads' path probability; grafted context nodes 1.0 (their calibration table holds how often
+        # such a node is right at its depth)
+        if self.calibrator is not None:
+            tree = self.calibrator.apply(tree)
         if self.rel_cost is not None:
             tree = cut_to_cost(tree, self.rel_cost)
             self._last_depths = [d for d, s in zip(tree.depths(), tree.sources) if s != "context"]
@@ -241,14 +244,6 @@ class S4CDrafter(Drafter):
         if every deeper node were certain given its parent (an upper bound), so heads 2..H need not run."""
         p1 = self.calibrator(["head1"], [1], [math.exp(top_logp)])[0]
         return best_size([p1] * self.H, self.rel_cost) <= 1
-
-    def _score(self, tree: DraftTree) -> DraftTree:
-        """Raw scores (the heads' path probability; grafted context nodes 1.0, their calibration table holding how
-        often such a node is right at its depth) mapped to acceptance probabilities, when calibrated."""
-        if self.calibrator is None:
-            return tree
-        scores = self.calibrator(tree.sources, tree.depths(), tree.scores)
-        return DraftTree(tree.tokens, tree.parents, tree.sources, None, scores)
 
     def _graft_context(self, tree: DraftTree, chain: list[int]) -> DraftTree:
         """Hybrid option (`context=N`, off by default): follow the prompt-lookup continuation down the head tree and

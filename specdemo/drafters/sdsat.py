@@ -115,10 +115,8 @@ class SDSATDrafter(Drafter):
                     parent = len(tokens) - 1
         self._pending = self._pending_p = None
         tree = DraftTree(tokens, parents, sources, probe, raw)
-        if self.calibrator is not None and len(tree):
-            depths = tree.depths()
-            cal = self.calibrator(sources, depths, raw)
-            tree.scores = [0.0 if pr else c for pr, c in zip(probe, cal)]
+        if self.calibrator is not None:
+            tree = self.calibrator.apply(tree)
         return self._cut(tree) if self.rel_cost is not None else tree
 
     def _cut(self, tree: DraftTree) -> DraftTree:
