@@ -18,6 +18,7 @@ from typing import Callable
 
 import torch
 
+from .budget import cost_curves, pin_cost_curves
 from .drafters import make_drafter
 from .engine import GenerationConfig, generate
 from .models import Target
@@ -114,12 +115,14 @@ def summarise(target: Target, methods: list[str], runs: dict[str, list[dict]], m
             "verify_ms": 1e3 * statistics.median(verify) if verify else None,
             "acceptance_by_depth": _acceptance_by_depth([a for r in rs for a in r["accept_lengths"]]),
             "per_prompt": [{"id": r["id"], "group": r.get("group"), "new_tokens": len(r["tokens"]),
-                            "wall_time": r["wall_time"], "accept_lengths": r["accept_lengths"], "identical": s}
+                            "wall_time": r["wall_time"], "accept_lengths": r["accept_lengths"], "identical": s,
+                            "tokens": r["tokens"]}
                            for r, s in zip(rs, same)],
         }
     for g in dict.fromkeys(r.get("group") for r in runs["ar"] if r.get("group")):
         ar_g = _tps([r for r in runs["ar"] if r.get("group") == g])
         out["groups"][g] = {m: _figures([r for r in runs[m] if r.get("group") == g], ar, ar_g) for m in methods}
+    out["cost_curves"] = cost_curves(target)  # what the drafters sized their drafts by (--cost-curves replays it)
     return out
 
 
@@ -227,6 +230,9 @@ def register(sub) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--option", action="append", default=[], help="METHOD.NAME=VALUE drafter option, repeatable")
     p.add_argument("--json", default=None, help="write the result JSON here")
+    p.add_argument("--cost-curves", default=None, metavar="BENCH.json",
+                   help="size drafts by the verify cost curves saved in an earlier bench JSON instead of measuring "
+                        "them: replays that run's accept lengths exactly (greedy)")
     p.set_defaults(func=_cli)
 
 
@@ -260,7 +266,15 @@ def _cli(args) -> int:
     prompts = select_prompts(load_prompts(args.prompts), args.prompts, args.limit, args.per_group)
     if args.max_new_tokens <= 0:
         raise ValueError("--max-new-tokens must be positive")
+    saved_curves = None
+    if args.cost_curves:
+        with open(args.cost_curves) as f:
+            saved_curves = json.load(f).get("cost_curves")
+        if not saved_curves:
+            raise ValueError(f"{args.cost_curves} holds no cost_curves (it is not a bench JSON of this version)")
     target = load_target(args.model, args.device, args.dtype)
+    if saved_curves:
+        pin_cost_curves(target, saved_curves)
     sampling = SamplingConfig(args.temperature, args.top_p, args.top_k, args.seed)
     sampling.validate()
 

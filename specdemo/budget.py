@@ -26,28 +26,24 @@ CURVE_SIZES = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # the curve per-step tree s
 # What a REST-style tree buys per node budget on the embedded model (store + context, greedy; shared/notes/rest.md)
 DEFAULT_EXPECTED_TAU = {1: 1.35, 2: 1.5, 4: 1.62, 8: 1.75, 16: 1.85, 32: 1.9, 64: 1.93}
 
-_curves: dict[tuple, dict[int, float]] = {}
 _lock = threading.Lock()
-
-
-def _key(target, sizes) -> tuple:
-    return (target.name, target.identity, str(target.device), str(target.dtype), id(target.model), tuple(sizes))
+CURVES = "verify_cost_curves"  # the key of {sizes: curve} in Target.artifacts
 
 
 @torch.no_grad()
 def verify_cost_curve(target, sizes=DEFAULT_SIZES, repeats: int = 5, context: int = 256) -> dict[int, float]:
     """Fastest of `repeats` timings of one verification forward (`engine.tree_forward` over root + a chain of n draft nodes) for
-    each n in `sizes`, after `context` committed tokens.  Measured once per model + device and cached in memory;
-    sizes are interleaved across repeats and the minimum is kept, so a busy spell (which only ever adds time) does not
-    distort the curve."""
+    each n in `sizes`, after `context` committed tokens.  Measured once per loaded model and kept on it (or pinned
+    by `pin_cost_curves`); sizes are interleaved across repeats and the minimum is kept, so a busy spell (which only
+    ever adds time) does not distort the curve."""
     from .engine import KVCache, tree_forward
     from .tree import DraftTree, TreeBuffers
 
     sizes = tuple(sorted(set(int(s) for s in sizes) | {0}))
-    key = _key(target, sizes)
+    curves = target.artifacts.setdefault(CURVES, {})
     with _lock:
-        if key in _curves:
-            return dict(_curves[key])
+        if sizes in curves:
+            return dict(curves[sizes])
         g = torch.Generator().manual_seed(0)
         vocab = min(int(target.model.config.vocab_size), 30000)
         ids = torch.randint(100, vocab, (context + max(sizes) + 1,), generator=g).tolist()
@@ -70,8 +66,22 @@ def verify_cost_curve(target, sizes=DEFAULT_SIZES, repeats: int = 5, context: in
                         times[s].append(time.perf_counter() - t0)
                     cache.keep(past, [])  # drop what this forward appended
         curve = {s: min(v) for s, v in times.items()}
-        _curves[key] = curve
+        curves[sizes] = curve
         return dict(curve)
+
+
+def cost_curves(target) -> dict[str, dict[str, float]]:
+    """The curves measured (or pinned) on `target` so far, as JSON: {"0,1,2": {"0": seconds, ...}}."""
+    return {",".join(map(str, sizes)): {str(s): t for s, t in curve.items()}
+            for sizes, curve in target.artifacts.get(CURVES, {}).items()}
+
+
+def pin_cost_curves(target, saved: dict[str, dict[str, float]]) -> None:
+    """Use curves saved by `cost_curves` instead of measuring: the tree sizes drafters pick depend on the curve,
+    so replaying a run's curves replays its accept lengths exactly (greedy), whatever the machine's timing noise."""
+    curves = target.artifacts.setdefault(CURVES, {})
+    for sizes, curve in saved.items():
+        curves[tuple(int(s) for s in sizes.split(","))] = {int(s): float(t) for s, t in curve.items()}
 
 
 def relative_cost(curve: dict[int, float]) -> dict[int, float]:

@@ -276,7 +276,7 @@ def test_pld_shadow_scoring_and_length_choice():
     from specdemo.drafters.pld import PromptLookupDrafter
 
     rel = {0: 1.0, 1: 1.5, 2: 1.7, 4: 1.7, 8: 1.7, 16: 1.9}
-    d = PromptLookupDrafter(rel_cost=rel, stats={})
+    d = PromptLookupDrafter(rel_cost=rel)
     state = SimpleNamespace(tokens=[1, 2, 3, 4, 5, 6, 1, 2, 3])
     tree = d.propose(state)  # match "1 2 3" -> continuation 4 5 6 1 2 3; prior p = 0.5 -> worth a long draft
     assert len(tree) > 0 and tree.tokens == [4, 5, 6, 1, 2, 3][: len(tree)]
@@ -295,6 +295,37 @@ def test_pld_shadow_scoring_and_length_choice():
     state.tokens += [8, 9]
     d.observe(state, SimpleNamespace(tokens=[8, 9]))
     assert d.stats == {(2, False): [3.0, 0.0]} and not d._shadows
+
+
+def test_bench_replays_pinned_cost_curves(tiny_llama):
+    """Drafts are sized by the verify cost curve: a pinned curve decides whether prompt lookup drafts at all, the
+    bench JSON carries the curve it used, and the same request twice gives the same steps (no state carried over)."""
+    from specdemo.bench import run_bench
+    from specdemo.budget import CURVES, pin_cost_curves
+    from specdemo.drafters import make_drafter
+    from specdemo.engine import GenerationConfig, run_to_end
+
+    ids = tiny_llama.encode_prompt("one two three one two three one two three one two")
+    cfg = GenerationConfig(max_new_tokens=16)
+    sizes = "0,1,2,4,8,16"
+    saved = tiny_llama.artifacts.pop(CURVES, None)
+
+    def drafted() -> list[int]:
+        return [e.tree_size for e in run_to_end(tiny_llama, ids, make_drafter("pld", tiny_llama), cfg)[1]]
+
+    try:
+        pin_cost_curves(tiny_llama, {sizes: {"0": 1.0, "1": 50.0, "2": 60.0, "4": 70.0, "8": 80.0, "16": 90.0}})
+        assert set(drafted()) == {0}  # no draft pays for itself
+        res = run_bench(tiny_llama, ["pld"], [{"id": "a", "prompt": "one two"}], 4, warmup=False)
+        assert res["cost_curves"][sizes]["1"] == 50.0
+        assert res["methods"]["pld"]["per_prompt"][0]["tokens"] == res["methods"]["ar"]["per_prompt"][0]["tokens"]
+        pin_cost_curves(tiny_llama, {sizes: {"0": 1.0, "1": 1.0, "2": 1.0, "4": 1.0, "8": 1.0, "16": 1.0}})
+        first = drafted()
+        assert max(first) > 0 and drafted() == first
+    finally:
+        tiny_llama.artifacts.pop(CURVES, None)
+        if saved is not None:
+            tiny_llama.artifacts[CURVES] = saved
 
 
 def test_bench_runs_labelled_variants_side_by_side(tiny_llama):

@@ -14,7 +14,8 @@ measured verify cost curve (`specdemo.budget`).  k = 0 (a plain AR step) wins wh
 The estimates come from *every* lookup, sent or not: each continuation is kept as a shadow and scored against the
 tokens that actually get committed (exactly what verification would have accepted, greedy or sampled, since the
 target's choice at a position does not depend on the draft).  So a situation judged not worth drafting keeps being
-re-measured.  Estimates are shared by the requests on one model and decay (halved past 200 observations).
+re-measured.  Estimates belong to one request (so a request's speed never depends on the ones before it) and decay
+(halved past 200 observations) as the text moves on.
 """
 from __future__ import annotations
 
@@ -25,7 +26,6 @@ import numpy as np
 from ..engine import DecodeState, Drafter, Verified
 from ..tree import DraftTree
 
-_shared_stats: dict[str, dict[tuple[int, bool], list[float]]] = {}  # model name -> situation -> [matched, mismatches]
 DECAY_AT = 200
 
 
@@ -37,7 +37,7 @@ class PromptLookupDrafter(Drafter):
     adaptive: bool = True
     name: str = "pld"
     rel_cost: dict[int, float] | None = None  # relative verify cost by draft size; measured when None and adaptive
-    stats: dict[tuple[int, bool], list[float]] | None = None  # (n-gram size, previous hit) -> [matched, mismatches]
+    stats: dict[tuple[int, bool], list[float]] = field(default_factory=dict, init=False)  # (n-gram size, hit) -> [matched, misses]
     _shadows: list[tuple[tuple[int, bool], int, list[int]]] = field(default_factory=list)  # (situation, pos, cont)
     _hit: bool = False  # did the previous lookup's first token come true?
 
@@ -46,9 +46,7 @@ class PromptLookupDrafter(Drafter):
             from ..budget import relative_cost, verify_cost_curve
 
             self.rel_cost = relative_cost(verify_cost_curve(state.target, (0, 1, 2, 4, 8, 16)))
-        if self.stats is None:
-            self.stats = _shared_stats.setdefault(state.target.name, {})
-        self._shadows, self._hit = [], False
+        self.stats, self._shadows, self._hit = {}, [], False
 
     def propose(self, state: DecodeState) -> DraftTree:
         n, draft = lookup_with_size(state.tokens, self.num_tokens, self.max_ngram, self.min_ngram)
@@ -61,7 +59,7 @@ class PromptLookupDrafter(Drafter):
         return DraftTree.chain(draft, "context")
 
     def acceptance_rate(self, situation: tuple[int, bool]) -> float:
-        matched, misses = (self.stats or {}).get(situation, (0, 0))
+        matched, misses = self.stats.get(situation, (0, 0))
         return (matched + 1) / (matched + misses + 2)
 
     def _best_length(self, situation: tuple[int, bool], longest: int) -> int:
@@ -88,7 +86,7 @@ class PromptLookupDrafter(Drafter):
             if m is None and len(done) < len(cont):
                 pending.append((situation, pos, cont))  # not decided yet
                 continue
-            s = self.stats.setdefault(situation, [0.0, 0.0]) if self.stats is not None else [0.0, 0.0]
+            s = self.stats.setdefault(situation, [0.0, 0.0])
             s[0] += len(cont) if m is None else m
             s[1] += m is not None
             if s[0] + s[1] > DECAY_AT:

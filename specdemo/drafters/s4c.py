@@ -344,14 +344,12 @@ def _auto_budget(target: Target) -> int:
     return max(3, int(b.pick_budget(target, EXPECTED_TAU, sizes=(0, 1, 2, 4, 8, 12, 16))))
 
 
-_CACHE: dict[tuple[int, str], S4CHeads] = {}
-
-
 def _cached_heads(target: Target, source: str) -> S4CHeads:
-    key = (id(target.model), source)
-    if key not in _CACHE:
-        _CACHE[key] = load_heads(target, source)
-    return _CACHE[key]
+    """Heads loaded once per model and kept on it (they hold the model: a global cache would keep it alive)."""
+    key = ("s4c-heads", source)
+    if key not in target.artifacts:
+        target.artifacts[key] = load_heads(target, source)
+    return target.artifacts[key]
 
 
 def _missing(target: Target) -> str:
