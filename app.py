@@ -2,7 +2,7 @@
 
 Host and port come from GRADIO_SERVER_NAME / GRADIO_SERVER_PORT (Gradio reads them itself; defaults 127.0.0.1:7860).
 """
-from specdemo.ui import build_demo, launch_kwargs
+from specdemo.app.page import build_demo, launch_kwargs
 
 demo = build_demo()
 

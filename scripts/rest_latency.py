@@ -30,11 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--queries", type=int, default=2000)
     args = ap.parse_args(argv)
 
-    from specdemo import datastore as D
-    from specdemo.drafters.rest import RestDrafter
+    from specdemo.drafters.rest.drafter import RestDrafter
     from specdemo.engine import DecodeState
-    from specdemo.models import load_target
+    from specdemo.offline import build_datastore as D
     from specdemo.sampling import SamplingConfig
+    from specdemo.target import load_target
 
     target = load_target()
     base = D.Datastore(D.ensure_default(target), target=target)

@@ -113,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from specdemo.drafters import make_drafter
     from specdemo.engine import GenerationConfig, run_to_end
-    from specdemo.models import load_target
     from specdemo.prompts import load_prompts
+    from specdemo.target import load_target
 
     target = load_target()
     prompts = load_prompts(args.prompts)[: args.limit]

@@ -49,7 +49,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=80000)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    from specdemo.models import load_target
+    from specdemo.target import load_target
 
     target = load_target("embedded")
     tok = target.tokenizer

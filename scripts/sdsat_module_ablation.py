@@ -17,8 +17,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from specdemo.models import load_target  # noqa: E402
-from specdemo.sdsat import TrainConfig, default_artifact_dir, evaluate, load_adapter, split_records  # noqa: E402
+from specdemo.drafters.sdsat.adapter import default_artifact_dir, load_adapter  # noqa: E402
+from specdemo.offline.train_sdsat import TrainConfig, evaluate, split_records
+from specdemo.target import load_target  # noqa: E402
 
 SUBSETS = {
     "all": None,

@@ -21,8 +21,8 @@ import torch  # noqa: E402
 
 from specdemo.drafters import make_drafter  # noqa: E402
 from specdemo.engine import GenerationConfig, run_to_end  # noqa: E402
-from specdemo.models import load_target  # noqa: E402
 from specdemo.prompts import load_prompts  # noqa: E402
+from specdemo.target import load_target  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -18,8 +18,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from specdemo.engine import KVCache, tree_forward  # noqa: E402
-from specdemo.models import load_target  # noqa: E402
+from specdemo.engine import tree_forward  # noqa: E402
+from specdemo.kvcache import KVCache
+from specdemo.target import load_target  # noqa: E402
 from specdemo.tree import DraftTree, TreeBuffers  # noqa: E402
 
 

@@ -18,11 +18,11 @@ from typing import Callable
 
 import torch
 
-from .budget import cost_curves, pin_cost_curves
-from .drafters import make_drafter
-from .engine import GenerationConfig, generate
-from .models import Target
-from .sampling import SamplingConfig
+from specdemo.budget import cost_curves, pin_cost_curves
+from specdemo.drafters import make_drafter
+from specdemo.engine import GenerationConfig, generate
+from specdemo.sampling import SamplingConfig
+from specdemo.target import Target
 
 HF_METHODS = ("hf", "hf-pld")
 
@@ -239,7 +239,7 @@ def register(sub) -> None:
 def select_prompts(prompts: list[dict], name: str, limit: int | None, per_group: int) -> list[dict]:
     """The CLI's choice of prompts: `per_group` from each group (stratified) when it is > 0, else the first `limit`
     (10 when None).  Checked before the model loads, so a wrong flag fails in a second, not after a download."""
-    from .prompts import has_groups, stratified
+    from specdemo.prompts import has_groups, stratified
 
     if per_group < 0:
         raise ValueError("--per-group must be 0 (off) or positive")
@@ -257,8 +257,8 @@ def select_prompts(prompts: list[dict], name: str, limit: int | None, per_group:
 
 
 def _cli(args) -> int:
-    from .models import load_target
-    from .prompts import load_prompts
+    from specdemo.prompts import load_prompts
+    from specdemo.target import load_target
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -36,8 +36,9 @@ def verify_cost_curve(target, sizes=DEFAULT_SIZES, repeats: int = 5, context: in
     each n in `sizes`, after `context` committed tokens.  Measured once per loaded model and kept on it (or pinned
     by `pin_cost_curves`); sizes are interleaved across repeats and the minimum is kept, so a busy spell (which only
     ever adds time) does not distort the curve."""
-    from .engine import KVCache, tree_forward
-    from .tree import DraftTree, TreeBuffers
+    from specdemo.engine import tree_forward
+    from specdemo.kvcache import KVCache
+    from specdemo.tree import DraftTree, TreeBuffers
 
     sizes = tuple(sorted(set(int(s) for s in sizes) | {0}))
     curves = target.artifacts.setdefault(CURVES, {})
@@ -157,7 +158,7 @@ def calibrated_cost(target, method: str, state, dynamic: bool, path=None):
     it should not: dynamic off, or no calibration for this model, method and decoding mode (raw confidences are not
     probabilities, so weighing them against the cost would cut wrongly).  path: another calibration file, or "none"
     for raw scores."""
-    from .calibration import load
+    from specdemo.calibration import load
 
     if path is not None and str(path) == "none":  # raw scores asked for (calibrate.py collects them)
         return None, None

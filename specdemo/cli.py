@@ -5,7 +5,8 @@ import argparse
 import importlib
 import sys
 
-COMMAND_MODULES = ("specdemo.bench", "specdemo.calibrate", "specdemo.datastore", "specdemo.distill", "specdemo.train")
+COMMAND_MODULES = ("specdemo.bench", "specdemo.offline.calibrate", "specdemo.offline.build_datastore", "specdemo.offline.distill",
+                   "specdemo.offline.train")
 
 
 def main(argv: list[str] | None = None) -> int:

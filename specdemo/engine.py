@@ -13,72 +13,11 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
-from transformers.cache_utils import Cache, DynamicLayer
 
-from .models import Target, check_tree_support
-from .sampling import SamplingConfig, choose_tokens
-from .tree import DraftTree, TreeBuffers
-
-
-class SlotLayer(DynamicLayer):
-    """One layer's KV cache in a preallocated buffer: writes in place, returns views, compacts after acceptance.
-
-    HF's DynamicLayer grows by torch.cat every step (~20% of a CPU step on the embedded model); this never copies
-    the context, only the accepted path's few entries.
-    """
-
-    def __init__(self, capacity: int = 256):
-        super().__init__()
-        self.capacity = capacity
-        self.length = 0
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self.dtype, self.device = key_states.dtype, key_states.device
-        b, h, _, d = key_states.shape
-        self._k = torch.empty(b, h, self.capacity, d, dtype=self.dtype, device=self.device)
-        self._v = torch.empty(b, h, self.capacity, value_states.shape[-1], dtype=self.dtype, device=self.device)
-        self.is_initialized = True
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        n = key_states.shape[-2]
-        end = self.length + n
-        if end > self.capacity:  # rare: grow geometrically
-            self.capacity = max(end, 2 * self.capacity)
-            k, v = self._k, self._v
-            self.lazy_initialization(key_states, value_states)
-            self._k[:, :, : self.length] = k[:, :, : self.length]
-            self._v[:, :, : self.length] = v[:, :, : self.length]
-        self._k[:, :, self.length : end] = key_states
-        self._v[:, :, self.length : end] = value_states
-        self.length = end
-        self.keys, self.values = self._k[:, :, :end], self._v[:, :, :end]
-        return self.keys, self.values
-
-    def get_seq_length(self) -> int:
-        return self.length
-
-    def keep(self, start: int, src: torch.Tensor) -> None:
-        """Move entries `src` (absolute indices, increasing, each >= its destination) to start.. and drop the rest."""
-        if self.is_initialized and len(src):
-            self._k[:, :, start : start + len(src)] = self._k[:, :, src]
-            self._v[:, :, start : start + len(src)] = self._v[:, :, src]
-        self.length = start + len(src)
-        if self.is_initialized:
-            self.keys, self.values = self._k[:, :, : self.length], self._v[:, :, : self.length]
-
-
-class KVCache(Cache):
-    """A transformers Cache made of SlotLayers (works with any model that takes `past_key_values`)."""
-
-    def __init__(self, capacity: int = 256):
-        super().__init__(layer_class_to_replicate=lambda: SlotLayer(capacity))
-
-    def keep(self, start: int, src: list[int]) -> None:
-        idx = torch.tensor(src, dtype=torch.long)
-        for layer in self.layers:
-            layer.keep(start, idx.to(layer._k.device) if layer.is_initialized else idx)
+from specdemo.kvcache import KVCache
+from specdemo.sampling import SamplingConfig, choose_tokens
+from specdemo.target import Target, UnsupportedForTree
+from specdemo.tree import DraftTree, TreeBuffers
 
 
 def tree_forward(target: Target, cache: KVCache, ids: list[int], buf: TreeBuffers) -> torch.Tensor:
@@ -301,3 +240,44 @@ def run_to_end(target: Target, prompt_ids: list[int], drafter: Drafter | None = 
     """Convenience: all generated tokens and all events."""
     events = list(generate(target, prompt_ids, drafter, cfg))
     return [t for e in events for t in e.tokens], events
+
+
+def check_tree_support(target: Target) -> None:
+    """Prove on this model that a tree forward (4D mask + position ids) gives the logits of plain sequential forwards.
+
+    Runs once per loaded model (a few ms on small models); raises UnsupportedForTree otherwise.
+    """
+    if target.tree_ok:
+        return
+    from specdemo.engine import tree_forward
+    from specdemo.kvcache import KVCache
+    from specdemo.tree import DraftTree, TreeBuffers
+
+    g = torch.Generator().manual_seed(0)
+    vocab = min(target.model.config.vocab_size, 1000)
+    ctx = torch.randint(10, vocab, (12,), generator=g).tolist()
+    # root + two branches: [a, b] and [c]; each node must see only its ancestors
+    tree = DraftTree(tokens=[ctx[5], ctx[6], ctx[7]], parents=[-1, 0, -1])
+    try:
+        with torch.no_grad():
+            cache = KVCache(capacity=32)
+            target.decoder(input_ids=torch.tensor([ctx[:-1]], device=target.device), past_key_values=cache, use_cache=True)
+            hidden = tree_forward(target, cache, ctx[-1:] + tree.tokens, TreeBuffers.build(tree, len(ctx) - 1, target.device))
+            got = target.lm_head(hidden).float()
+            ref = []
+            for seq in (ctx + [ctx[5], ctx[6]], ctx + [ctx[7]]):
+                ref.append(target.model(input_ids=torch.tensor([seq], device=target.device)).logits[0].float())
+            want = torch.stack([ref[0][-3], ref[0][-2], ref[0][-1], ref[1][-1]])
+        err = (got - want).abs().max().item() / (want.abs().max().item() + 1e-6)
+    except Exception as exc:
+        raise UnsupportedForTree(
+            f"Model '{target.name}' is unsupported for tree verification: its forward rejected a custom 4D attention "
+            f"mask with explicit position ids ({type(exc).__name__}: {str(exc)[:200]}). Use plain AR decoding."
+        ) from exc
+    tol = 1e-3 if target.dtype == torch.float32 else 3e-2
+    if err > tol:
+        raise UnsupportedForTree(
+            f"Model '{target.name}' is unsupported for tree verification: with a custom 4D attention mask its logits "
+            f"differ from sequential decoding (relative error {err:.2e}). Use plain AR decoding."
+        )
+    target.tree_ok = True

@@ -12,17 +12,27 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 from specdemo.engine import DecodeState, Drafter  # noqa: E402
-from specdemo.models import embedded_dir, load_target  # noqa: E402
+from specdemo.target import embedded_dir, load_target  # noqa: E402
 from specdemo.tree import DraftTree  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def embedded():
-    return load_target("embedded")
+    from specdemo.offline.build_datastore import ensure_default
+
+    target = load_target("embedded")
+    ensure_default(target, progress=False)  # REST's default store, as `make setup` builds it
+    return target
 
 
 def _tiny(kind: str, tmp_path_factory) -> "object":
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        AutoTokenizer,
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     tok = AutoTokenizer.from_pretrained(embedded_dir())
     common = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,

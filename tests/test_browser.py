@@ -29,7 +29,8 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def url(embedded):
-    from specdemo.ui import MODELS, build_demo, launch_kwargs
+    from specdemo.app.page import build_demo, launch_kwargs
+    from specdemo.app.session import MODELS
 
     MODELS.put("embedded", embedded)
     with socket.socket() as s:

@@ -12,8 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specdemo import datastore as D
-from specdemo.corpus import DISTILLED_CORPORA, PROMPTS_PATH, SELFDISTILL_PATH, generate_prompts, load_prompts
+from specdemo.offline import build_datastore as D
+from specdemo.offline.corpus import DISTILLED_CORPORA, PROMPTS_PATH, SELFDISTILL_PATH
+from specdemo.offline.project_prompts import generate_prompts, load_prompts
 
 
 class ToyTokenizer:
@@ -140,7 +141,7 @@ def write_corpus(root: Path) -> Path:
 
 
 def test_build_round_trip(tmp_path, tok):
-    from specdemo.models import tokenizer_identity
+    from specdemo.target import tokenizer_identity
 
     src = write_corpus(tmp_path / "corpus")
     m = D.build_from_paths(tmp_path / "store", tok, [src], progress=False)
@@ -246,7 +247,7 @@ def test_dataset_needs_the_datasets_package(tok):
 # ---------------------------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_default_datastore_small_subset(tmp_path):
-    from specdemo.models import load_target
+    from specdemo.target import load_target
 
     target = load_target()
     out = D.ensure_default(target, progress=False, stdlib_limit=8, out_dir=tmp_path / "default")
@@ -266,7 +267,7 @@ def test_default_datastore_small_subset(tmp_path):
 def test_prompt_set_is_generated_deterministically():
     records = generate_prompts()
     assert records == generate_prompts()
-    assert load_prompts(PROMPTS_PATH) == records, "assets/corpus/prompts.jsonl is stale: python -m specdemo.corpus"
+    assert load_prompts(PROMPTS_PATH) == records, "assets/corpus/prompts.jsonl is stale: python -m specdemo.offline.project_prompts"
     assert len(records) >= 300
     cats = {r["category"] for r in records}
     assert {"stub", "code", "writing", "explain", "qa", "math", "summarise", "rewrite"} <= cats
@@ -311,7 +312,7 @@ def test_humaneval_has_no_long_ngram_overlap_with_the_corpus(tok):
 
 @pytest.mark.skipif(not SELFDISTILL_PATH.exists(), reason="no self-distilled corpus yet")
 def test_selfdistill_corpus_matches_the_embedded_tokenizer(tok):
-    from specdemo.models import tokenizer_identity
+    from specdemo.target import tokenizer_identity
 
     for path in DISTILLED_CORPORA:
         with gzip.open(path, "rt") as f:

@@ -5,12 +5,19 @@ import math
 
 import pytest
 import torch
-
 from conftest import OracleDrafter
+
 from specdemo.drafters import make_drafter
-from specdemo.engine import Drafter, GenerationConfig, KVCache, run_to_end, tree_forward
-from specdemo.models import ModelLoadError, UnsupportedForTree, check_tree_support, load_target
+from specdemo.engine import (
+    Drafter,
+    GenerationConfig,
+    check_tree_support,
+    run_to_end,
+    tree_forward,
+)
+from specdemo.kvcache import KVCache
 from specdemo.sampling import SamplingConfig, choose_tokens, filter_logits
+from specdemo.target import ModelLoadError, UnsupportedForTree, load_target
 from specdemo.tree import DraftTree, TreeBuffers
 
 PROMPTS = [

@@ -14,7 +14,13 @@ import pytest
 import torch
 
 from specdemo import bench
-from specdemo.prompts import MT_BENCH_CATEGORIES, SPEC_BENCH_GROUPS, jsonl_prompts, load_prompts, stratified
+from specdemo.prompts import (
+    MT_BENCH_CATEGORIES,
+    SPEC_BENCH_GROUPS,
+    jsonl_prompts,
+    load_prompts,
+    stratified,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -80,7 +86,8 @@ def _synthetic_result() -> dict:
         "hf": [_run("t1", "translation", 10, 1.0, None), _run("t2", "translation", 10, 1.0, None, [9] * 10),
                _run("q1", "qa", 20, 1.0, None)],
     }
-    target = SimpleNamespace(device=torch.device("cpu"), packed_linears=False, name="fake", dtype=torch.float32)
+    target = SimpleNamespace(device=torch.device("cpu"), packed_linears=False, name="fake", dtype=torch.float32,
+                             artifacts={})
     return bench.summarise(target, ["ar", "pld", "hf"], runs, 32, bench.SamplingConfig())
 
 

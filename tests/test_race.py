@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from specdemo.race import Piece, Race, Run, TextBuilder, summarize
+from specdemo.app.race import Piece, Race, Run, TextBuilder, summarize
 
 
 @dataclass

@@ -2,7 +2,6 @@
 availability messages, and greedy + sampling losslessness on the embedded model."""
 from __future__ import annotations
 
-import random
 from collections import defaultdict
 
 import numpy as np
@@ -12,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specdemo import budget as B
-from specdemo import datastore as D
-from specdemo.drafters import DrafterUnavailable, make_drafter, unavailable_reason
-from specdemo.drafters import rest as R
+from specdemo.drafters import DrafterUnavailable, make_drafter
+from specdemo.drafters.rest import drafter as R
+from specdemo.offline import build_datastore as D
 from specdemo.tree import DraftTree, TreeBuffers
 
 
@@ -200,7 +199,7 @@ def test_unavailable_reason_and_errors_name_the_command(tmp_path):
 # ---------------------------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def target():
-    from specdemo.models import load_target
+    from specdemo.target import load_target
 
     return load_target()
 
@@ -209,7 +208,7 @@ def target():
 def tiny_store(target, tmp_path_factory):
     out = tmp_path_factory.mktemp("rest") / "store"
     files = sorted(D.stdlib_dir().glob("*.py"))[:25]
-    docs, _ = D.selfdistill_docs(__import__("specdemo.corpus", fromlist=["x"]).SELFDISTILL_PATH, target.identity)
+    docs, _ = D.selfdistill_docs(__import__("specdemo.offline.corpus", fromlist=["x"]).SELFDISTILL_PATH, target.identity)
     D.build_from_paths(out, target.tokenizer, files, progress=False, token_docs=docs[:200])
     return out
 

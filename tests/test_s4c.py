@@ -10,9 +10,16 @@ import pytest
 import torch
 
 from specdemo.drafters import DrafterUnavailable, make_drafter, unavailable_reason
-from specdemo.drafters.s4c import S4CDrafter
+from specdemo.drafters.s4c.drafter import S4CDrafter
+from specdemo.drafters.s4c.heads import (
+    EMBEDDED_HEADS,
+    S4CArtifactError,
+    S4CHeads,
+    load_heads,
+    save_heads,
+)
 from specdemo.engine import GenerationConfig, run_to_end
-from specdemo.s4c import EMBEDDED_HEADS, S4CArtifactError, S4CHeads, load_heads, save_heads, unrolled_losses
+from specdemo.offline.train_s4c import unrolled_losses
 from specdemo.sampling import SamplingConfig
 
 PROMPT = "Write a Python function that adds two numbers."
@@ -106,7 +113,7 @@ def test_losslessness_tiny(tiny):
 
 
 def test_training_loss_falls(tiny_llama, tmp_path):
-    from specdemo import s4c
+    from specdemo.offline import train_s4c as s4c
 
     t = tiny_llama
     rng = torch.Generator().manual_seed(0)

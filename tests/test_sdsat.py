@@ -9,11 +9,24 @@ import pytest
 import torch
 
 from specdemo.drafters import DrafterUnavailable, make_drafter
-from specdemo.drafters.sdsat import SDSATDrafter
-from specdemo.engine import GenerationConfig, KVCache, run_to_end, tree_forward
+from specdemo.drafters.sdsat.adapter import (
+    AdapterError,
+    SDSATAdapter,
+    default_artifact_dir,
+    load_adapter,
+)
+from specdemo.drafters.sdsat.drafter import SDSATDrafter
+from specdemo.engine import GenerationConfig, run_to_end, tree_forward
+from specdemo.kvcache import KVCache
+from specdemo.offline.train_sdsat import (
+    TrainConfig,
+    build_probes,
+    evaluate,
+    probe_logits,
+    train,
+)
+from specdemo.offline.corpus import read_records
 from specdemo.sampling import SamplingConfig
-from specdemo.sdsat import (AdapterError, SDSATAdapter, TrainConfig, build_probes, default_artifact_dir, evaluate,
-                            load_adapter, probe_logits, read_selfdistill, train)
 from specdemo.tree import DraftTree, TreeBuffers
 
 PROMPTS = [
@@ -135,7 +148,7 @@ def test_train_cli_checkpoint_resume_and_artifact(tiny_llama, tmp_path):
         f.write(json.dumps({"format": "specdemo-selfdistill"}) + "\n")
         for r in recs:
             f.write(json.dumps(r) + "\n")
-    assert len(read_selfdistill(data)) == len(recs)
+    assert len(read_records([data])) == len(recs)
     model_dir = t.model.config._name_or_path
     # "h72" and "h146" fall in the shared held-out split (sharegpt.is_heldout_record)
     cfg = TrainConfig(model=model_dir, data=[str(data)], out=str(tmp_path / "out"), L=3, rank=2, alpha=4, steps=4,
@@ -243,7 +256,7 @@ def test_greedy_lossless_tiny(tiny, loop, branching, lookup, shape):
 
 def test_device_default_tree_fits_the_cpu_budget(tiny_llama):
     """The CPU default shape stays within 15 nodes (the part of the CPU cost curve it was sized for)."""
-    from specdemo.drafters.sdsat import make
+    from specdemo.drafters.sdsat.drafter import make
 
     d = make(tiny_llama, adapter=_noisy_adapter(tiny_llama))
     d._pending = [list(range(100, 112))] * d.k  # a full set of ranked candidates for every depth
@@ -295,8 +308,8 @@ def test_unavailable_without_adapter(tiny_llama):
 def test_published_fine_tunes_verify_with_themselves(tiny_llama, monkeypatch):
     """The paper's checkpoints (model_verifies): probes are plain rows of the adaptive token id, no adapter; the race
     is exact against the model's own AR, and the page says whose output that is."""
-    from specdemo.drafters import sdsat as mod
-    from specdemo.ui import availability
+    from specdemo.app.session import availability
+    from specdemo.drafters.sdsat import drafter as mod
 
     t = tiny_llama
     prompt = t.encode_prompt(PROMPTS[0])

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from specdemo import distill, sharegpt
-from specdemo.corpus import DISTILLED_CORPORA
+from specdemo.offline import distill, sharegpt
+from specdemo.offline.corpus import DISTILLED_CORPORA
 
 RECORDS = [
     {"id": "a_0", "conversations": [{"from": "human", "value": "How do I sort a list in Python?"},
@@ -86,7 +86,7 @@ def test_shipped_corpora_share_no_10gram_with_evaluation_sets():
     """Training prompts, answers and datastore documents of the embedded model vs HumanEval and Spec-Bench."""
     from transformers import AutoTokenizer
 
-    from specdemo.models import embedded_dir
+    from specdemo.target import embedded_dir
 
     tok = AutoTokenizer.from_pretrained(embedded_dir())
     check = sharegpt.Decontaminator.for_evaluation_sets()

@@ -6,11 +6,21 @@ import threading
 
 import pytest
 
+from specdemo.app.page import MODEL_WORK, QUEUE_SIZE, _options, on_generate
+from specdemo.drafters import all_knobs
+from specdemo.app.plots import plots
+from specdemo.app.race import TextBuilder, summarize
+from specdemo.app.render import (
+    explain_step,
+    pane_html,
+    show_step,
+    spans_html,
+    summary_html,
+    tree_html,
+)
+from specdemo.app.session import RaceRecord, RaceRequest, record_json, run_race
 from specdemo.engine import StepEvent
-from specdemo.race import TextBuilder, summarize
 from specdemo.tree import DraftTree
-from specdemo.ui import (KNOBS, MODEL_WORK, QUEUE_SIZE, RaceRecord, RaceRequest, _options, explain_step, on_generate,
-                         pane_html, plots, record_json, run_race, show_step, spans_html, summary_html, tree_html)
 
 SHORT = "Say hi."  # in-process loop tests: a short prompt keeps the prefill cheap
 PROMPT = ("Summarise this paragraph in one sentence:\nThe Eiffel Tower is a wrought-iron lattice tower on the Champ de "
@@ -21,7 +31,7 @@ PROMPT = ("Summarise this paragraph in one sentence:\nThe Eiffel Tower is a wrou
 @pytest.fixture(autouse=True, scope="module")
 def shared_model(embedded):
     """The app uses the session's embedded model instead of loading a second copy."""
-    from specdemo.ui import MODELS
+    from specdemo.app.session import MODELS
 
     MODELS.put("embedded", embedded)
 
@@ -110,11 +120,11 @@ def test_plot_frames_have_fixed_types():
 
 
 def test_knobs_become_drafter_options():
-    values = tuple(k.value for k in KNOBS)
+    values = tuple(k.value for k in all_knobs())
     assert _options("pld", values) == {"num_tokens": 10, "max_ngram": 3}
     assert _options("rest", values) == {"max_suffix": 16}  # budget 0 = leave REST's own (cost-based) default
     assert "budget" not in _options("s4c", values)  # 0 = the drafter's device default (11 nodes on CPU)
-    assert _options("s4c", tuple(9 if k.option == "budget" else k.value for k in KNOBS))["budget"] == 9
+    assert _options("s4c", tuple(9 if k.option == "budget" else k.value for k in all_knobs()))["budget"] == 9
 
 
 # --------------------------------------------------------------------------------------------- the race loop
@@ -131,7 +141,7 @@ def test_run_race_streams_and_stops_within_one_step(embedded):
 
 
 def test_page_handler_streams_panes_and_ends_with_a_record(embedded):
-    outs = list(on_generate("embedded", "pld", SHORT, 8, 0.0, 1.0, 0, 0, *(k.value for k in KNOBS)))
+    outs = list(on_generate("embedded", "pld", SHORT, 8, 0.0, 1.0, 0, 0, *(k.value for k in all_knobs())))
     assert len(outs) > 3
     final = outs[-1]
     assert "racing" in outs[2][0] or "racing" in outs[2][1]
@@ -150,7 +160,7 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def app(embedded):
-    from specdemo.ui import build_demo, launch_kwargs
+    from specdemo.app.page import build_demo, launch_kwargs
 
     demo = build_demo()
     _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=free_port(), quiet=True,
@@ -186,7 +196,7 @@ def test_errors_come_back_as_messages(client, args, expect):
 
 
 def test_missing_artifact_is_a_message(client, monkeypatch):
-    import specdemo.ui as ui
+    import specdemo.app.session as ui
 
     reason = "No datastore for embedded: build it with `python -m specdemo datastore build`."
     monkeypatch.setattr(ui, "unavailable_reason", lambda method, target: reason if method == "rest" else None)
@@ -216,7 +226,7 @@ def test_race_api_streams_a_greedy_prompt_lookup_run(client):
 
 def test_bench_tab_formats_run_bench_results(monkeypatch, embedded):
     import specdemo.bench as bench
-    from specdemo.ui import on_bench
+    from specdemo.app.page import on_bench
 
     def fake_run_bench(target, methods, prompts, max_new_tokens, sampling=None, options=None, progress=None,
                        warmup=True):

@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..engine import DecodeState, Drafter, Verified
-from ..tree import DraftTree
+from specdemo.drafters import Knob
+from specdemo.engine import DecodeState, Drafter, Verified
+from specdemo.tree import DraftTree
 
 DECAY_AT = 200
 
@@ -43,7 +44,7 @@ class PromptLookupDrafter(Drafter):
 
     def begin(self, state: DecodeState, prompt_hidden) -> None:
         if self.adaptive and self.rel_cost is None:
-            from ..budget import relative_cost, verify_cost_curve
+            from specdemo.budget import relative_cost, verify_cost_curve
 
             self.rel_cost = relative_cost(verify_cost_curve(state.target, (0, 1, 2, 4, 8, 16)))
         self.stats, self._shadows, self._hit = {}, [], False
@@ -63,7 +64,7 @@ class PromptLookupDrafter(Drafter):
         return (matched + 1) / (matched + misses + 2)
 
     def _best_length(self, situation: tuple[int, bool], longest: int) -> int:
-        from ..budget import cost_at
+        from specdemo.budget import cost_at
 
         p = self.acceptance_rate(situation)
         best_k, best_rate, expected = 0, 1.0, 1.0
@@ -121,3 +122,8 @@ def lookup_with_size(tokens: list[int], num_tokens: int, max_ngram: int = 3, min
                 return n, cont.tolist()
     return 0, []
 
+
+KNOBS = (
+    Knob("pld", "num_tokens", "Draft length", 1, 32, 10, "tokens copied after a match"),
+    Knob("pld", "max_ngram", "Longest n-gram matched", 1, 8, 3, "the suffix looked up in the context"),
+)

@@ -26,20 +26,19 @@ from pathlib import Path
 
 import torch
 
-FORMAT = "specdemo-selfdistill"
-VERSION = 2
+from specdemo.offline.corpus import FORMAT, VERSION, journal_path, read_corpus
 
 
 def prompt_specs(source: str, first: int, later: int, heldout: int) -> list[dict]:
     """{"id", "messages"} prompts of a source (see the module doc)."""
     if source == "sharegpt":
-        from . import sharegpt
+        from specdemo.offline import sharegpt
 
         convs = sharegpt.conversations(decontaminate=sharegpt.Decontaminator.for_evaluation_sets())
         return (sharegpt.distill_prompts(convs, first, later)
                 + sharegpt.distill_prompts(convs, heldout, 0, heldout=True))
     if source == "project":
-        from .corpus import PROMPTS_PATH
+        from specdemo.offline.corpus import PROMPTS_PATH
 
         source = str(PROMPTS_PATH)
     path = Path(source)
@@ -55,36 +54,6 @@ def prompt_specs(source: str, first: int, later: int, heldout: int) -> list[dict
             messages = row.get("messages") or [{"role": "user", "content": row["prompt"]}]
             out.append({"id": str(row.get("id", n)), "messages": messages})
     return out
-
-
-def read_corpus(path: Path) -> tuple[dict | None, list[dict]]:
-    """(header, records) of a distilled corpus, the journal of an unfinished run included."""
-    header, records = None, []
-    if path.exists():
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            lines = [json.loads(line) for line in f if line.strip()]
-        if not lines or lines[0].get("format") != FORMAT:
-            raise ValueError(f"{path} is not a {FORMAT} file")
-        header, records = lines[0], lines[1:]
-    journal = journal_path(path)
-    if journal.exists():
-        with open(journal, encoding="utf-8") as f:
-            for line in f:
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    break  # the line a killed run was writing
-                if row.get("format") == FORMAT:
-                    header = header or row
-                else:
-                    records.append(row)
-    seen: set[str] = set()
-    unique = [r for r in records if not (r["id"] in seen or seen.add(r["id"]))]
-    return header, unique
-
-
-def journal_path(out: Path) -> Path:
-    return out.with_name(out.name + ".journal.jsonl")
 
 
 def write_corpus(path: Path, header: dict, records: list[dict]) -> None:
@@ -118,7 +87,7 @@ def write_decontaminated(tokenizer, path: Path, header: dict, records: list[dict
 
     Answers can repeat generic evaluation text (e.g. "0 1 2 3 4 5 6 7 8 9"): such records are dropped, not edited,
     and their ids join header["dropped"] so that a resumed run does not answer them again."""
-    from .sharegpt import Decontaminator
+    from specdemo.offline.sharegpt import Decontaminator
 
     check = Decontaminator.for_evaluation_sets()
     kept = [r for r in records if all(check.clean(tokenizer.decode(r[k], skip_special_tokens=True))
@@ -216,7 +185,7 @@ def register(sub) -> None:
 
 
 def _cli(args) -> int:
-    from .models import load_target
+    from specdemo.target import load_target
 
     for name in ("first", "later", "heldout", "max_new_tokens", "max_prompt_tokens", "batch_size"):
         if getattr(args, name) < (0 if name in ("first", "later", "heldout") else 1):
@@ -226,7 +195,7 @@ def _cli(args) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 answers match the CPU's as closely as a GPU allows
     torch.backends.cudnn.allow_tf32 = False
     if args.decontaminate_only:
-        from .datastore import load_tokenizer
+        from specdemo.offline.build_datastore import load_tokenizer
 
         header, records = read_corpus(args.out)
         write_decontaminated(load_tokenizer(args.model), args.out, header, records)

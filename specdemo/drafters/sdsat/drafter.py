@@ -20,15 +20,15 @@ from pathlib import Path
 
 import torch
 
-from ..budget import best_size, calibrated_cost
-from ..calibration import available as calibration_available
-from ..engine import DecodeState, Drafter, Verified
-from ..tree import DraftTree, TreeBuffers
-from . import DrafterUnavailable
+from specdemo.budget import best_size, calibrated_cost
+from specdemo.calibration import available as calibration_available
+from specdemo.drafters import DrafterUnavailable, Knob
+from specdemo.engine import DecodeState, Drafter, Verified
+from specdemo.tree import DraftTree, TreeBuffers
 
 
 def _train_cmd(target) -> str:
-    from ..sdsat import default_artifact_dir
+    from specdemo.drafters.sdsat.adapter import default_artifact_dir
 
     return (f"python -m specdemo train sdsat --model {target.name} "
             f"--data assets/corpus/selfdistill.jsonl.gz --out {default_artifact_dir(target)}")
@@ -136,7 +136,7 @@ class SDSATDrafter(Drafter):
 
     def _merge_lookup(self, state, tokens, parents, sources, probe) -> None:
         """Option `lookup`: merge a prompt-lookup chain (drafters/pld.py) into the draft tree as a trie branch."""
-        from .pld import lookup
+        from specdemo.drafters.pld import lookup
 
         parent = -1
         for tok in lookup(state.tokens, self.lookup):
@@ -261,7 +261,11 @@ def self_verifying(target) -> bool:
 def make(target, adapter=None, k: int | None = None, loop: str = "fused", branching=None, chains: int | None = None,
          lookup: int = 0, shape: str | None = None, model_verifies: bool | None = None, token_id: int | None = None,
          dynamic: bool | None = None, calibration: str | None = None, **options) -> SDSATDrafter:
-    from ..sdsat import AdapterError, default_artifact_dir, load_adapter
+    from specdemo.drafters.sdsat.adapter import (
+        AdapterError,
+        default_artifact_dir,
+        load_adapter,
+    )
 
     if options:
         raise ValueError(f"unknown SDSAT options: {', '.join(options)} "
@@ -282,7 +286,10 @@ def make(target, adapter=None, k: int | None = None, loop: str = "fused", branch
     spec = adapter or default_artifact_dir(target)
     if isinstance(spec, (str, Path)):
         try:
-            ad, _ = load_adapter(spec, target)
+            key = ("sdsat-adapter", str(spec))  # loaded once per model and kept on it
+            if key not in target.artifacts:
+                target.artifacts[key] = load_adapter(spec, target)[0]
+            ad = target.artifacts[key]
         except AdapterError as exc:
             if adapter is None and not default_artifact_dir(target).exists():
                 raise DrafterUnavailable(f"No SDSAT adapter for {target.name}: create it with `{_train_cmd(target)}`.")\
@@ -300,7 +307,11 @@ def unavailable_reason(target) -> str | None:
     """Cheap: reads the default artifact's config only (no weights)."""
     import json
 
-    from ..sdsat import CONFIG_FILE, base_config_hash, default_artifact_dir
+    from specdemo.drafters.sdsat.adapter import (
+        CONFIG_FILE,
+        base_config_hash,
+        default_artifact_dir,
+    )
 
     if self_verifying(target):
         return None
@@ -311,3 +322,14 @@ def unavailable_reason(target) -> str | None:
     if cfg.get("base_identity") != target.identity or cfg.get("base_config_hash") != base_config_hash(target.model):
         return f"The SDSAT adapter in {path.parent} was trained for another model: run `{_train_cmd(target)}`."
     return None
+
+
+KNOBS = (
+    Knob("sdsat", "k", "Adaptive tokens", 0, 8, 0, "adaptive tokens per probe chain · 0 = device default (2 on CPU, 4 "
+         "on GPU)", "omit"),
+)
+
+
+def note(target) -> str | None:
+    """A published SDSAT fine-tune verifies itself: say whose output the panes show."""
+    return SELF_VERIFY_NOTE if self_verifying(target) else None

@@ -25,13 +25,18 @@ from pathlib import Path
 
 import numpy as np
 
-from ..budget import calibrated_cost, cut_to_cost
-from ..calibration import Calibrator
-from ..datastore import Datastore, DatastoreError, build_command, default_dir, ensure_default
-from ..engine import DecodeState, Drafter
-from ..models import EMBEDDED, Target
-from ..tree import DraftTree
-from . import DrafterUnavailable
+from specdemo.budget import calibrated_cost, cut_to_cost
+from specdemo.calibration import Calibrator
+from specdemo.drafters import DrafterUnavailable, Knob
+from specdemo.drafters.rest.datastore import (
+    Datastore,
+    DatastoreError,
+    build_command,
+    default_dir,
+)
+from specdemo.engine import DecodeState, Drafter
+from specdemo.target import EMBEDDED, Target
+from specdemo.tree import DraftTree
 
 PAD = -1
 _HASH = np.random.default_rng(12345).integers(1, 2**62, 64, dtype=np.int64)  # row hashing (wraps around: fine)
@@ -283,11 +288,11 @@ def _store_path(target: Target, datastore) -> Path | None:
 
 
 def unavailable_reason(target: Target) -> str | None:
-    if target.name == EMBEDDED:
-        return None  # the default datastore is built on first use
-    path = default_dir(target.identity)
-    if (path / "manifest.json").exists():
+    if (default_dir(target.identity) / "manifest.json").exists():
         return None
+    if target.name == EMBEDDED:  # `make setup` and the app's start build it
+        return ("REST's default datastore for the embedded model is not built yet: run `python -m specdemo datastore "
+                "default` (about a minute).")
     return (f"REST needs a datastore for {target.name}: build one from text in its domain with "
             f"`{build_command(target.name)}` (it is saved where REST looks for it).")
 
@@ -299,11 +304,11 @@ DYNAMIC_CAP = 24  # dynamic on: the cap; each step sends what pays for itself (m
 def make(target: Target, datastore: str | None = None, budget: int | None = None, max_suffix: int = 16,
          min_suffix: int = 2, dynamic: bool | None = None, calibration: str | None = None,
          **options) -> RestDrafter:
-    """A REST drafter for `target`.  datastore: a folder, "default" (the model's default store; built on first use
+    """A REST drafter for `target`.  datastore: a folder, "default" (the model's default store, built by the set-up
     for the embedded model) or "none" (request-only retrieval).  budget: max draft nodes per step (default: 64 on a
     GPU; on CPU 24 with dynamic sizing, else 16).  dynamic: size each step's tree by its calibrated value against the
     measured verification cost (default off, see below; without a calibration for the model it keeps the budget)."""
-    from .. import budget as budget_mod
+    from specdemo import budget as budget_mod
 
     if max_suffix < 1 or min_suffix < 1 or min_suffix > max_suffix:
         raise ValueError(f"need 1 <= min_suffix <= max_suffix (got {min_suffix}, {max_suffix})")
@@ -312,7 +317,9 @@ def make(target: Target, datastore: str | None = None, budget: int | None = None
         path = _store_path(target, datastore)
         try:
             if path is None:
-                path = ensure_default(target)
+                if (reason := unavailable_reason(target)) is not None:
+                    raise DrafterUnavailable(reason)
+                path = default_dir(target.identity)
             store = open_store(path, target)
         except DatastoreError as exc:
             raise DrafterUnavailable(str(exc)) from exc
@@ -326,3 +333,10 @@ def make(target: Target, datastore: str | None = None, budget: int | None = None
         budget = (DYNAMIC_CAP if dynamic else CPU_BUDGET) if cpu else budget_mod.GPU_BUDGET
     return RestDrafter(store=store, budget=int(budget), max_suffix=int(max_suffix), min_suffix=int(min_suffix),
                        dynamic=dynamic, calibration=Path(calibration) if calibration else None, **options)
+
+
+KNOBS = (
+    Knob("rest", "budget", "Tree budget", 0, 64, 0, "draft nodes per step · 0 = device default (16 on CPU, 64 on GPU)",
+         "omit"),
+    Knob("rest", "max_suffix", "Longest suffix looked up", 1, 32, 16, "tokens matched in the datastore"),
+)

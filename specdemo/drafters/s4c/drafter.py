@@ -26,13 +26,20 @@ from pathlib import Path
 
 import torch
 
-from ..budget import best_size, calibrated_cost, cut_to_cost
-from ..calibration import available as calibration_available
-from ..engine import DecodeState, Drafter, KVCache, Verified
-from ..models import EMBEDDED, Target
-from ..s4c import EMBEDDED_HEADS, S4CArtifactError, S4CHeads, load_heads, train_command
-from ..tree import DraftTree
-from . import DrafterUnavailable
+from specdemo.budget import best_size, calibrated_cost, cut_to_cost
+from specdemo.calibration import available as calibration_available
+from specdemo.drafters import DrafterUnavailable, Knob
+from specdemo.drafters.s4c.heads import (
+    EMBEDDED_HEADS,
+    S4CArtifactError,
+    S4CHeads,
+    load_heads,
+    train_command,
+)
+from specdemo.engine import DecodeState, Drafter, Verified
+from specdemo.kvcache import KVCache
+from specdemo.target import EMBEDDED, Target
+from specdemo.tree import DraftTree
 
 TREES = ("s4c", "chain", "eagle")
 
@@ -225,7 +232,7 @@ class S4CDrafter(Drafter):
             frontier = new_frontier
         chain = []
         if self.context > 0:
-            from .pld import lookup
+            from specdemo.drafters.pld import lookup
 
             chain = lookup(tokens, min(self.context, self.budget - 1), max_ngram=3, min_ngram=2)
         tree = self._select(nodes, chain_nodes if kind != "eagle" else set(), self.budget - len(chain))
@@ -337,7 +344,7 @@ EXPECTED_TAU = {1: 1.45, 3: 1.75, 6: 2.0, 9: 2.15, 12: 2.25, 15: 2.3}
 
 def _auto_budget(target: Target) -> int:
     """The node budget from this machine's measured verification cost curve (specdemo.budget); 64 on GPUs."""
-    from .. import budget as b
+    from specdemo import budget as b
 
     if target.device.type != "cpu":
         return b.GPU_BUDGET
@@ -365,8 +372,15 @@ def unavailable_reason(target: Target) -> str | None:
         cfg = __import__("json").loads((src / "config.json").read_text())
     except Exception:
         return f"The S4C heads in {src} are unreadable; rebuild them: {train_command(target.name, str(src))}"
-    from ..s4c import target_config_hash
+    from specdemo.drafters.s4c.heads import target_config_hash
 
     if cfg.get("tokenizer_identity") != target.identity or cfg.get("target_config_hash") != target_config_hash(target):
         return f"The S4C heads in {src} were trained for another model; rebuild them: {train_command(target.name, str(src))}"
     return None
+
+
+KNOBS = (
+    Knob("s4c", "budget", "Tree budget", 0, 64, 0,
+         "draft nodes per step · 0 = device default (CPU: up to 16, sized per step; GPU: 15)", "omit"),
+    Knob("s4c", "topk", "Top-k per head", 1, 8, 3, "candidates each head contributes"),
+)

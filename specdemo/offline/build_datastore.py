@@ -1,22 +1,5 @@
-"""REST datastore: token array + suffix array on disk (memory-mapped), builder, loader, retrieval, CLI.
-
-Format (a folder; version 1):
-    tokens.npy     u16 (len(tokenizer) <= 65535) or u32: [SEP] doc0 [SEP] doc1 [SEP] ... [SEP]
-                   SEP = the dtype's largest value (65535 / 2**32-1): never a real token id, so a query can never match
-                   across a document boundary and continuations stop at it.
-    sa.npy         i32 (i64 past 2**31 tokens): the suffix array of the token array read BACKWARDS, stored as forward
-                   end offsets.  Entry e stands for the prefix tokens[:e] read from tokens[e-1] towards the start; the
-                   entries are sorted by that reversed string.  So all the places where the context's last m tokens
-                   occur form one contiguous range, and the range for m+1 tokens lies inside the range for m: the
-                   longest suffix match of a context is found by narrowing one range, one token at a time (16 binary
-                   searches, each inside the last).  The continuation of entry e is tokens[e:e+10].  Only entries with
-                   a real token on both sides (tokens[e-1], tokens[e] != SEP) are stored.
-    manifest.json  format, version, tokenizer identity (specdemo.models.tokenizer_identity), vocab size, dtype,
-                   separator, documents, tokens, build time, sources, and size + sha256 of both arrays.
-
-Build: `python -m specdemo datastore build --model embedded --input PATHS... [--out DIR]`; the default DIR is the
-model's default datastore, which the REST drafter picks up by itself.  `python -m specdemo datastore info DIR`.
-"""
+"""Building REST datastores (offline): corpora -> token array + suffix array, the embedded model's default store,
+and the `python -m specdemo datastore` CLI.  The format and its lookup are specdemo/drafters/rest/datastore.py."""
 from __future__ import annotations
 
 import gzip
@@ -24,49 +7,42 @@ import hashlib
 import itertools
 import json
 import os
-import re
 import shutil
 import sys
 import sysconfig
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .sharegpt import Decontaminator, is_heldout_record
+from specdemo.drafters.rest.datastore import (
+    FORMAT,
+    VERSION,
+    Datastore,
+    DatastoreError,
+    _sha256,
+    build_command,
+    default_dir,
+    dtype_for_vocab,
+    separator_for,
+)
+from specdemo.offline.sharegpt import Decontaminator, is_heldout_record
 
-FORMAT = "specdemo-datastore"
-VERSION = 1
 TEXT_SUFFIXES = (".py", ".txt", ".md", ".jsonl", ".jsonl.gz")
+
+
 SKIP_DIRS = {"__pycache__", ".git", ".hg", ".svn", ".venv", "venv", "node_modules", ".tox", ".mypy_cache"}
+
+
 # the default store's stdlib part: no tests, no IDLE / demos, no bundled third-party code
 STDLIB_SKIP_DIRS = SKIP_DIRS | {"test", "tests", "idle_test", "idlelib", "turtledemo", "site-packages",
                                 "dist-packages", "ensurepip", "lib2to3", "pydoc_data"}
+
+
 DEFAULT_RECIPE = "stdlib+selfdistill+sharegpt-distill-v2"
 
 
-class DatastoreError(RuntimeError):
-    """A datastore cannot be built or used; the message says what to do."""
-
-
-def separator_for(dtype: np.dtype) -> int:
-    return int(np.iinfo(dtype).max)
-
-
-def dtype_for_vocab(vocab_size: int) -> np.dtype:
-    return np.dtype(np.uint16) if vocab_size <= 65535 else np.dtype(np.uint32)
-
-
-def build_command(model: str, inputs: str = "PATHS...", out: str | None = None) -> str:
-    cmd = f"python -m specdemo datastore build --model {model} --input {inputs}"
-    return cmd + (f" --out {out}" if out else "")
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Reading corpora
-# ---------------------------------------------------------------------------------------------------------------------
 def collect_files(inputs: Iterable[str | Path], skip_dirs: set[str] = SKIP_DIRS) -> list[Path]:
     """Every readable corpus file under `inputs` (files or folders), sorted, without duplicates."""
     out: list[Path] = []
@@ -177,14 +153,11 @@ def _split_long(text: str, limit: int = 1 << 20) -> list[str]:
     return pieces
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Building
-# ---------------------------------------------------------------------------------------------------------------------
 def load_tokenizer(model: str):
     """The tokenizer of a model name as `load_target` understands it, without loading any weights."""
     from transformers import AutoTokenizer
 
-    from .models import EMBEDDED, ModelLoadError, embedded_dir
+    from specdemo.target import EMBEDDED, ModelLoadError, embedded_dir
 
     path = str(embedded_dir()) if model == EMBEDDED else model
     try:
@@ -210,14 +183,6 @@ def _progress(total: int | None, desc: str, unit: str, enabled: bool):
                 mininterval=0.5)
 
 
-def _sha256(path: Path, chunk: int = 1 << 24) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def suffix_order(tokens: np.ndarray, separator: int) -> np.ndarray:
     """The `sa.npy` entries for a token array: end offsets sorted by the reversed prefix (see the module docstring)."""
     import pydivsufsort
@@ -236,15 +201,6 @@ def suffix_order(tokens: np.ndarray, separator: int) -> np.ndarray:
     return ends.astype(np.int32 if n < 2**31 - 1 else np.int64)
 
 
-@dataclass
-class BuildStats:
-    documents: int
-    tokens: int
-    seconds: float
-    tokenize_seconds: float
-    sort_seconds: float
-
-
 def build(
     out_dir: str | Path,
     tokenizer,
@@ -259,7 +215,7 @@ def build(
     """Tokenise `texts` (batched, parallel) and append `token_docs` (already token ids of this tokenizer), one document
     each; write tokens.npy + sa.npy + manifest.json into `out_dir` (atomically: a temp folder renamed at the end).
     Returns the manifest."""
-    from .models import tokenizer_identity
+    from specdemo.target import tokenizer_identity
 
     t_start = time.perf_counter()
     out_dir = Path(out_dir)
@@ -381,166 +337,6 @@ def build_from_paths(out_dir: str | Path, tokenizer, inputs: Sequence[str | Path
                  extra=extra)
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Loading and retrieval
-# ---------------------------------------------------------------------------------------------------------------------
-class Datastore:
-    """A memory-mapped datastore.  `match` finds the longest suffix match, `continuations` reads what followed."""
-
-    def __init__(self, path: str | Path, target=None, identity: str | None = None, vocab_size: int | None = None,
-                 verify: bool = True, model_name: str | None = None):
-        self.path = Path(path)
-        mpath = self.path / "manifest.json"
-        model_name = model_name or (target.name if target is not None else "MODEL")
-        rebuild = build_command(model_name, out=str(self.path))
-        if not mpath.exists():
-            raise DatastoreError(f"No datastore at {self.path} (manifest.json missing). Build one with `{rebuild}`.")
-        try:
-            m = json.loads(mpath.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise DatastoreError(f"{mpath} is corrupt ({exc}). Rebuild the datastore with `{rebuild}`.") from exc
-        if m.get("format") != FORMAT or m.get("version") != VERSION:
-            raise DatastoreError(f"{self.path} is not a {FORMAT} v{VERSION} datastore (found {m.get('format')} "
-                                 f"v{m.get('version')}). Rebuild it with `{rebuild}`.")
-        self.manifest = m
-        if target is not None:
-            identity = identity or target.identity
-            vocab_size = vocab_size or len(target.tokenizer)
-        if identity is not None and m["tokenizer"] != identity:
-            raise DatastoreError(
-                f"The datastore {self.path} was built for another tokenizer ({m['tokenizer']}, "
-                f"{m.get('tokenizer_name') or 'unknown model'}) than the model's ({identity}): its token ids would "
-                f"mean different words. Build one for this model with `{rebuild}`.")
-        for name, info in m["files"].items():
-            f = self.path / name
-            if not f.exists():
-                raise DatastoreError(f"{f} is missing. Rebuild the datastore with `{rebuild}`.")
-            size = f.stat().st_size
-            if size != info["bytes"]:
-                raise DatastoreError(f"{f} is truncated or corrupt ({size} bytes, the manifest says {info['bytes']}). "
-                                     f"Rebuild the datastore with `{rebuild}`.")
-            if verify and _sha256(f) != info["sha256"]:
-                raise DatastoreError(f"{f} is corrupt (its sha256 differs from the manifest's). Rebuild the datastore "
-                                     f"with `{rebuild}`.")
-        try:
-            tokens = np.load(self.path / "tokens.npy", mmap_mode="r")
-            sa = np.load(self.path / "sa.npy", mmap_mode="r")
-        except (ValueError, OSError) as exc:
-            raise DatastoreError(f"Cannot read the arrays of {self.path} ({exc}). Rebuild with `{rebuild}`.") from exc
-        self.dtype = np.dtype(m["dtype"])
-        self.sep = int(m["separator"])
-        if tokens.dtype != self.dtype or tokens.ndim != 1 or sa.ndim != 1 or len(sa) != m["entries"] \
-                or len(tokens) != m["tokens"] + m["documents"] + 1:
-            raise DatastoreError(f"The arrays of {self.path} do not match its manifest. Rebuild with `{rebuild}`.")
-        self.tokens = tokens.view(np.ndarray)
-        self.sa = sa.view(np.ndarray)
-        # token ids must exist in the model's vocabulary (REST's own builder crashed on forgotten added tokens)
-        vocab = vocab_size or m["vocab_size"]
-        real = self.tokens[self.tokens != self.sep]
-        top = int(real.max()) if len(real) else -1
-        if top >= vocab:
-            raise DatastoreError(f"The datastore {self.path} holds token id {top}, out of range for a vocabulary of "
-                                 f"{vocab}. It was built for another tokenizer or is corrupt; rebuild with `{rebuild}`.")
-        del real
-        self.vocab = max(vocab, m["vocab_size"])
-        # ranges for the first (newest) token of a query: entries are sorted by tokens[e-1] first
-        t = self.tokens
-        ok = (t[:-1] != self.sep) & (t[1:] != self.sep)
-        counts = np.bincount(t[:-1][ok].astype(np.int64), minlength=self.vocab)
-        self._first = np.concatenate([[0], np.cumsum(counts)]).tolist()
-        if self._first[-1] != len(self.sa):
-            raise DatastoreError(f"The suffix array of {self.path} does not match its tokens. Rebuild with `{rebuild}`.")
-        self._tmv = memoryview(self.tokens) if self.tokens.flags.c_contiguous else None
-        self._smv = memoryview(self.sa)
-
-    def __len__(self) -> int:
-        return int(self.manifest["tokens"])
-
-    def match(self, context: Sequence[int], max_len: int = 16, min_len: int = 2, small: int = 48) -> tuple[int, int, int]:
-        """(length, lo, hi): the longest m in [min_len, max_len] whose last-m-token suffix of `context` occurs in the
-        store with a continuation; sa[lo:hi] are all its occurrences.  (0, 0, 0) when none."""
-        n = min(max_len, len(context))
-        if n < max(1, min_len):
-            return 0, 0, 0
-        t0 = int(context[-1])
-        if not 0 <= t0 < len(self._first) - 1:
-            return 0, 0, 0
-        lo, hi = self._first[t0], self._first[t0 + 1]
-        if lo == hi:
-            return 0, 0, 0
-        T, S = self._tmv, self._smv
-        tokens, sa = self.tokens, self.sa
-        length = 1
-        for k in range(1, n):
-            t = int(context[-1 - k])
-            if hi - lo <= small:  # small range: read the whole column at once
-                col = tokens[sa[lo:hi].astype(np.int64) - 1 - k]
-                a = lo + int(np.searchsorted(col, t, "left"))
-                b = lo + int(np.searchsorted(col, t, "right"))
-            else:  # lower and upper bound of t in column k (sorted inside the range)
-                a, b = lo, hi
-                while a < b:
-                    mid = (a + b) >> 1
-                    if T[S[mid] - 1 - k] < t:
-                        a = mid + 1
-                    else:
-                        b = mid
-                lo2 = a
-                b = hi
-                while a < b:
-                    mid = (a + b) >> 1
-                    if T[S[mid] - 1 - k] <= t:
-                        a = mid + 1
-                    else:
-                        b = mid
-                a, b = lo2, a
-            if a == b:
-                break
-            lo, hi, length = a, b, k + 1
-        if length < min_len:
-            return 0, 0, 0
-        return length, lo, hi
-
-    def continuations(self, lo: int, hi: int, max_matches: int = 5000, length: int = 10) -> np.ndarray:
-        """(k, length) int64: what followed up to `max_matches` occurrences sampled evenly across sa[lo:hi]; after a
-        document separator every entry is the separator."""
-        n = hi - lo
-        if n <= 0:
-            return np.zeros((0, length), dtype=np.int64)
-        if n > max_matches:
-            idx = lo + (np.arange(max_matches, dtype=np.int64) * n) // max_matches
-            ends = self.sa[idx].astype(np.int64)
-        else:
-            ends = self.sa[lo:hi].astype(np.int64)
-        pos = np.minimum(ends[:, None] + np.arange(length), len(self.tokens) - 1)  # the last token is a separator
-        rows = self.tokens[pos].astype(np.int64)
-        stop = np.maximum.accumulate(rows == self.sep, axis=1)
-        rows[stop] = self.sep
-        return rows
-
-    def retrieve(self, context: Sequence[int], max_len: int = 16, min_len: int = 2, max_matches: int = 5000,
-                 length: int = 10) -> tuple[int, np.ndarray]:
-        """(match length, continuations) for the longest suffix match of `context` (length 0: no match)."""
-        m, lo, hi = self.match(context, max_len, min_len)
-        if not m:
-            return 0, np.zeros((0, length), dtype=np.int64)
-        return m, self.continuations(lo, hi, max_matches, length)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# The default datastore of a model
-# ---------------------------------------------------------------------------------------------------------------------
-def _slug(identity: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", identity)
-
-
-def default_dir(identity: str) -> Path:
-    """Where the default datastore of a tokenizer lives (REST uses it when no path is given)."""
-    from .models import cache_root
-
-    return cache_root() / "datastores" / _slug(identity)
-
-
 def stdlib_dir() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
@@ -562,7 +358,7 @@ _selfdistill_cache: dict[tuple, tuple[list[list[int]], str]] = {}
 
 
 def _read_selfdistill(path: Path, identity: str) -> tuple[list[list[int]], str]:
-    from .distill import read_corpus
+    from specdemo.offline.corpus import read_corpus
 
     header, records = read_corpus(path)
     records = [r for r in records if not is_heldout_record(r["id"])]  # held-out stays unseen
@@ -586,8 +382,8 @@ def ensure_default(target, progress: bool = True, stdlib_limit: int = 0, out_dir
 
     For another model the default folder must have been built with the CLI; raises DatastoreError with the command.
     """
-    from .corpus import DISTILLED_CORPORA
-    from .models import EMBEDDED
+    from specdemo.offline.corpus import DISTILLED_CORPORA
+    from specdemo.target import EMBEDDED
 
     out = out_dir or default_dir(target.identity)
     docs, digests, counts = [], [], []
@@ -635,11 +431,8 @@ def ensure_default(target, progress: bool = True, stdlib_limit: int = 0, out_dir
     return out
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# CLI
-# ---------------------------------------------------------------------------------------------------------------------
 def _cmd_build(args) -> int:
-    from .models import EMBEDDED, tokenizer_identity
+    from specdemo.target import EMBEDDED, tokenizer_identity
 
     tok = load_tokenizer(args.model)
     out = Path(args.out) if args.out else default_dir(tokenizer_identity(tok))
@@ -662,6 +455,13 @@ def _cmd_build(args) -> int:
           f"{m['sort_seconds']} s)")
     if args.out and args.model == EMBEDDED:
         print(f"use it with: --method rest --option datastore={out}")
+    return 0
+
+
+def _cmd_default(args) -> int:
+    from specdemo.target import load_target
+
+    print(f"default datastore ready in {ensure_default(load_target())}")
     return 0
 
 
@@ -691,6 +491,9 @@ def register(subparsers) -> None:
     b.add_argument("--split", default="train")
     b.add_argument("--limit-docs", type=int, default=0, help="at most this many dataset records (0 = all)")
     b.set_defaults(func=_cmd_build)
+    d = sub.add_parser("default", help="build (or check) the embedded model's default datastore: stdlib source + the "
+                       "self-distilled answers; a no-op when it is current")
+    d.set_defaults(func=_cmd_default)
     i = sub.add_parser("info", help="describe and verify a datastore")
     i.add_argument("dir")
     i.add_argument("--quick", action="store_true", help="skip the sha256 check")

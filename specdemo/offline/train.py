@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import importlib
 
-TRAINERS = ("specdemo.s4c", "specdemo.sdsat")
+TRAINERS = ("specdemo.offline.train_s4c", "specdemo.offline.train_sdsat")
 
 
 def register(sub) -> None:

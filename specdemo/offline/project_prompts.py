@@ -5,8 +5,8 @@ datastore and the training corpus of the S4C / SDSAT drafters.  Every string her
 nothing is taken from HumanEval, MT-Bench or Spec-Bench (evaluation data stays out; `tests/test_datastore.py` checks
 HumanEval prompts for long n-gram overlap with the distilled answers).
 
-    python -m specdemo.corpus            # (re)writes assets/corpus/prompts.jsonl
-    python -m specdemo.corpus --check    # fails when the file differs from what this module generates
+    python -m specdemo.offline.project_prompts            # (re)writes assets/corpus/prompts.jsonl
+    python -m specdemo.offline.project_prompts --check    # fails when the file differs from what this module generates
 
 Each record is {"id": "<category>-<n>", "category": ..., "prompt": ...}.  The order is a fixed interleaving of the
 categories, so a partial distillation run (the script is resumable) still covers all of them.
@@ -19,11 +19,7 @@ import random
 import sys
 from pathlib import Path
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
-PROMPTS_PATH = ASSETS / "corpus" / "prompts.jsonl"
-SELFDISTILL_PATH = ASSETS / "corpus" / "selfdistill.jsonl.gz"
-SHAREGPT_DISTILL_PATH = ASSETS / "corpus" / "sharegpt_distill.jsonl.gz"  # `python -m specdemo distill`, see README
-DISTILLED_CORPORA = (SELFDISTILL_PATH, SHAREGPT_DISTILL_PATH)
+from specdemo.offline.corpus import PROMPTS_PATH
 
 # --------------------------------------------------------------------------------------------------------------------
 # Coding: Python function stubs to complete (name, signature, docstring lines, examples as (call, result)).
@@ -448,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.check:
         ok = args.out.exists() and load_prompts(args.out) == generate_prompts()
-        print("prompts up to date" if ok else f"{args.out} is stale: run python -m specdemo.corpus")
+        print("prompts up to date" if ok else f"{args.out} is stale: run python -m specdemo.offline.project_prompts")
         return 0 if ok else 1
     n = write_prompts(args.out)
     print(f"wrote {n} prompts to {args.out}")

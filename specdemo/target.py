@@ -13,14 +13,13 @@ import json
 import os
 import shutil
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from .cpu_attention import use_grouped_kv_attention
-from .cpu_linear import use_packed_linears
+from specdemo.cpu_attention import use_grouped_kv_attention
+from specdemo.cpu_linear import use_packed_linears
 
 EMBEDDED = "embedded"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -244,43 +243,3 @@ def tokenizer_identity(tok) -> str:
     vocab = tok.get_vocab()
     h = hashlib.sha256(json.dumps(sorted(vocab.items()), ensure_ascii=False).encode())
     return f"{type(tok).__name__}-{len(vocab)}-{h.hexdigest()[:12]}"
-
-
-def check_tree_support(target: Target) -> None:
-    """Prove on this model that a tree forward (4D mask + position ids) gives the logits of plain sequential forwards.
-
-    Runs once per loaded model (a few ms on small models); raises UnsupportedForTree otherwise.
-    """
-    if target.tree_ok:
-        return
-    from .engine import KVCache, tree_forward
-    from .tree import DraftTree, TreeBuffers
-
-    g = torch.Generator().manual_seed(0)
-    vocab = min(target.model.config.vocab_size, 1000)
-    ctx = torch.randint(10, vocab, (12,), generator=g).tolist()
-    # root + two branches: [a, b] and [c]; each node must see only its ancestors
-    tree = DraftTree(tokens=[ctx[5], ctx[6], ctx[7]], parents=[-1, 0, -1])
-    try:
-        with torch.no_grad():
-            cache = KVCache(capacity=32)
-            target.decoder(input_ids=torch.tensor([ctx[:-1]], device=target.device), past_key_values=cache, use_cache=True)
-            hidden = tree_forward(target, cache, ctx[-1:] + tree.tokens, TreeBuffers.build(tree, len(ctx) - 1, target.device))
-            got = target.lm_head(hidden).float()
-            ref = []
-            for seq in (ctx + [ctx[5], ctx[6]], ctx + [ctx[7]]):
-                ref.append(target.model(input_ids=torch.tensor([seq], device=target.device)).logits[0].float())
-            want = torch.stack([ref[0][-3], ref[0][-2], ref[0][-1], ref[1][-1]])
-        err = (got - want).abs().max().item() / (want.abs().max().item() + 1e-6)
-    except Exception as exc:
-        raise UnsupportedForTree(
-            f"Model '{target.name}' is unsupported for tree verification: its forward rejected a custom 4D attention "
-            f"mask with explicit position ids ({type(exc).__name__}: {str(exc)[:200]}). Use plain AR decoding."
-        ) from exc
-    tol = 1e-3 if target.dtype == torch.float32 else 3e-2
-    if err > tol:
-        raise UnsupportedForTree(
-            f"Model '{target.name}' is unsupported for tree verification: with a custom 4D attention mask its logits "
-            f"differ from sequential decoding (relative error {err:.2e}). Use plain AR decoding."
-        )
-    target.tree_ok = True

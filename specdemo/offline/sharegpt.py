@@ -140,7 +140,7 @@ class Decontaminator:
     @classmethod
     def for_evaluation_sets(cls) -> "Decontaminator":
         """HumanEval problems and every turn of the project's Spec-Bench copy."""
-        from .prompts import ASSET_PROMPTS, humaneval_problems
+        from specdemo.prompts import ASSET_PROMPTS, humaneval_problems
 
         texts = [p["prompt"] + "\n" + p.get("canonical_solution", "") for p in humaneval_problems()]
         with open(ASSET_PROMPTS / "spec_bench.jsonl", encoding="utf-8") as f:

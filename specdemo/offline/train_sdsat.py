@@ -1,18 +1,4 @@
-"""SDSAT adapter: semantic adaptive tokens that are active ONLY at adaptive-token (probe) positions.
-
-Design (see docs/sdsat.md).  SDSAT (Liu et al.) fine-tunes the whole model so that k appended adaptive tokens predict
-the next k tokens; the fine-tuned model then also verifies, so its output drifts from the original model.  Here the
-original model must stay the verifier, so the trained part is confined to adaptive positions:
-
-* a LoRA adapter (peft-format weights: lora_A / lora_B per linear layer) whose delta is added ONLY to the rows of
-  adaptive positions, through forward hooks registered for the duration of one forward;
-* a learned embedding for the adaptive token, written into the embedding output ONLY at adaptive positions (the real
-  embedding matrix is tied to the LM head and is never touched).
-
-Adaptive tokens come after the context they draft from, and only adaptive tokens attend to adaptive tokens, so every
-standard position's hidden states, KV entries and logits are exactly the original model's.  One target forward can
-therefore verify the current draft AND draft the next step (probe chains hung off candidate accept points, see
-drafters/sdsat.py).
+"""Training the SDSAT adapter (`python -m specdemo train sdsat`); the adapter is specdemo/drafters/sdsat/adapter.py.
 
 Training (`python -m specdemo train sdsat`): the base model is frozen and the adapter is off at standard positions, so
 the paper's clean-sequence CE term is a constant with zero gradient: it is neither computed nor optimised.  The mixed
@@ -23,8 +9,6 @@ x_{p+j+1}, the original model's own greedy token.
 """
 from __future__ import annotations
 
-import argparse
-import hashlib
 import itertools
 import json
 import math
@@ -32,287 +16,32 @@ import os
 import random
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from .sharegpt import is_heldout_record, split_name
-
-FORMAT = "specdemo-sdsat"
-VERSION = 1
-ADAPTER_FILE = "adapter_model.safetensors"
-EMBED_FILE = "sdsat_embedding.safetensors"
-CONFIG_FILE = "sdsat_config.json"
-PEFT_CONFIG_FILE = "adapter_config.json"
-DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-ASSETS = Path(__file__).resolve().parent.parent / "assets" / "sdsat"
-
-
-class AdapterError(RuntimeError):
-    """The SDSAT artifact is missing, malformed or made for another base model."""
-
-
-def base_config_hash(model) -> str:
-    """A short hash of the architecture fields an adapter depends on."""
-    c = model.config
-    keys = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-            "num_key_value_heads", "vocab_size", "rope_theta", "tie_word_embeddings")
-    d = {k: getattr(c, k, None) for k in keys}
-    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def _linear_modules(model, targets) -> dict[str, torch.nn.Linear]:
-    """name (as in model.named_modules, e.g. 'model.layers.0.self_attn.q_proj') -> Linear, for the decoder layers."""
-    out = {}
-    for name, mod in model.named_modules():
-        if isinstance(mod, torch.nn.Linear) and name.split(".")[-1] in targets and ".layers." in name:
-            out[name] = mod
-    if not out:
-        raise AdapterError(f"no linear layers named {list(targets)} in {type(model).__name__}")
-    return out
-
-
-class SDSATAdapter(torch.nn.Module):
-    """LoRA weights + the adaptive token's embedding, applied to a base model through temporary forward hooks."""
-
-    def __init__(self, model, rank: int = 16, alpha: float = 16.0, targets=DEFAULT_TARGETS, token_id: int = 0,
-                 init_seed: int = 0):
-        super().__init__()
-        self.rank, self.alpha, self.targets, self.token_id = rank, float(alpha), tuple(targets), int(token_id)
-        self.scale = self.alpha / self.rank
-        # base-model modules kept in plain containers: not registered, so not part of parameters()/state_dict()
-        self._mods = _linear_modules(model, self.targets)
-        self._base = (model.get_input_embeddings(),)
-        ref = self._base[0].weight
-        g = torch.Generator().manual_seed(init_seed)
-        self.lora_A = torch.nn.ParameterDict()
-        self.lora_B = torch.nn.ParameterDict()
-        for name, mod in self._mods.items():
-            key = name.replace(".", "__")
-            a = torch.empty(rank, mod.in_features)
-            bound = 1 / math.sqrt(mod.in_features)  # as kaiming_uniform_(a=sqrt(5)) (peft's default init)
-            a.uniform_(-bound, bound, generator=g)
-            self.lora_A[key] = torch.nn.Parameter(a.to(ref.dtype))
-            self.lora_B[key] = torch.nn.Parameter(torch.zeros(mod.out_features, rank, dtype=ref.dtype))
-        self.embedding = torch.nn.Parameter(ref.detach()[self.token_id].clone())
-        self.to(ref.device)
-
-    # ------------------------------------------------------------------ hooks
-    @contextmanager
-    def active(self, rows: torch.Tensor | None = None):
-        """Within this block, forwards of the base model use the adapter at `rows` of the (1, n, .) inputs.
-
-        rows=None means every row (training feeds adaptive tokens only).  Hooks are removed on exit, so the base
-        model is the plain original model outside the block.
-        """
-        handles = []
-        rows_t = None if rows is None else rows.to(self.embedding.device)
-        # probes come last in a tree, so at inference the rows are usually one contiguous run: views, no gathers
-        run = None
-        if rows_t is not None and len(rows_t) and int(rows_t[-1]) - int(rows_t[0]) + 1 == len(rows_t):
-            run = slice(int(rows_t[0]), int(rows_t[-1]) + 1)
-
-        def emb_hook(mod, args, out):
-            if rows_t is None:
-                return self.embedding.to(out.dtype).expand_as(out)
-            out = out.clone() if out.requires_grad else out
-            out[:, run if run is not None else rows_t] = self.embedding.to(out.dtype)
-            return out
-
-        def make_hook(a: torch.Tensor, b: torch.Tensor):  # training, and probe rows that are not one run
-            def hook(mod, args, out):
-                x = args[0]
-                if rows_t is None:
-                    return out + (x @ a.t()) @ b.t() * self.scale
-                delta = (x[:, rows_t] @ a.t()) @ b.t() * self.scale
-                if out.requires_grad:
-                    return out.index_add(1, rows_t, delta)
-                out[:, rows_t] += delta
-                return out
-            return hook
-
-        fast = run is not None and not torch.is_grad_enabled() and not self.embedding.requires_grad
-        try:
-            handles.append(self._base[0].register_forward_hook(emb_hook))
-            if fast:  # inference on one contiguous run of probe rows: grouped LoRA-A products
-                for mods, a_cat, b_list in self._inference_groups():
-                    for mod, hook in zip(mods, self._group_hooks(a_cat, b_list, run)):
-                        handles.append(mod.register_forward_hook(hook))
-                yield
-                return
-            for name, mod in self._mods.items():
-                key = name.replace(".", "__")
-                handles.append(mod.register_forward_hook(make_hook(self.lora_A[key], self.lora_B[key])))
-            yield
-        finally:
-            for h in handles:
-                h.remove()
-
-    def _inference_groups(self):
-        """Modules that read the same input (q/k/v of one layer, gate/up of one layer, ...) with their LoRA-A
-        matrices stacked, so one product serves the group; B pre-transposed and pre-scaled.  Built once and reused
-        until a weight changes (tensor versions), so a drafting step does no weight preparation."""
-        version = tuple(p._version for p in self.parameters())
-        if getattr(self, "_groups_version", None) != version:
-            groups: dict[tuple, list[str]] = {}
-            for name in self._mods:
-                parent, leaf = name.rsplit(".", 1)
-                kind = "qkv" if leaf in ("q_proj", "k_proj", "v_proj") else "gu" if leaf in ("gate_proj", "up_proj") \
-                    else leaf
-                groups.setdefault((parent, kind), []).append(name)
-            built = []
-            with torch.no_grad():
-                for names in groups.values():
-                    keys = [n.replace(".", "__") for n in names]
-                    a_cat = torch.cat([self.lora_A[k] for k in keys]).t().contiguous()  # (in, r * group)
-                    b_list = [(self.lora_B[k] * self.scale).t().contiguous() for k in keys]  # (r, out) each
-                    built.append(([self._mods[n] for n in names], a_cat, b_list))
-            self._groups, self._groups_version = built, version
-        return self._groups
-
-    def _group_hooks(self, a_cat: torch.Tensor, b_list: list[torch.Tensor], run: slice):
-        """One forward hook per module of a group: the first computes x[run] @ A_cat for the shared input, the others
-        reuse it; each adds its own slice @ B to its output rows in place."""
-        memo: list = [None, None]  # (input tensor, its product)
-        r = self.rank
-
-        def make(i: int, b: torch.Tensor):
-            def hook(mod, args, out):
-                x = args[0]
-                if memo[0] is not x:
-                    memo[0], memo[1] = x, x[0, run] @ a_cat
-                out[0, run].addmm_(memo[1][:, i * r : (i + 1) * r], b)
-                return out
-            return hook
-
-        return [make(i, b) for i, b in enumerate(b_list)]
-
-    # ------------------------------------------------------------------ artifact
-    def peft_state_dict(self) -> dict[str, torch.Tensor]:
-        out = {}
-        for name in self._mods:
-            key = name.replace(".", "__")
-            out[f"base_model.model.{name}.lora_A.weight"] = self.lora_A[key].detach().contiguous()
-            out[f"base_model.model.{name}.lora_B.weight"] = self.lora_B[key].detach().contiguous()
-        return out
-
-    def load_peft_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
-        for name in self._mods:
-            key = name.replace(".", "__")
-            for part, store in (("lora_A", self.lora_A), ("lora_B", self.lora_B)):
-                k = f"base_model.model.{name}.{part}.weight"
-                if k not in sd:
-                    raise AdapterError(f"adapter weights lack {k}")
-                if sd[k].shape != store[key].shape:
-                    raise AdapterError(f"adapter weight {k} has shape {tuple(sd[k].shape)}, "
-                                       f"the model needs {tuple(store[key].shape)}")
-                with torch.no_grad():
-                    store[key].copy_(sd[k].to(store[key].dtype))
-
-    def save(self, out_dir: str | Path, target_identity: str, model, extra: dict | None = None,
-             dtype: torch.dtype = torch.float16) -> Path:
-        """Write the artifact: peft-format LoRA weights + adapter_config.json, the embedding, sdsat_config.json."""
-        from safetensors.torch import save_file
-
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.to(dtype).cpu() for k, v in self.peft_state_dict().items()}, str(out / ADAPTER_FILE),
-                  metadata={"format": "pt"})
-        save_file({"embedding": self.embedding.detach().float().cpu()}, str(out / EMBED_FILE))
-        peft_cfg = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": self.rank, "lora_alpha": self.alpha,
-                    "lora_dropout": 0.0, "bias": "none", "target_modules": list(self.targets),
-                    "base_model_name_or_path": getattr(model.config, "_name_or_path", ""), "fan_in_fan_out": False,
-                    "inference_mode": True}
-        (out / PEFT_CONFIG_FILE).write_text(json.dumps(peft_cfg, indent=1))
-        cfg = {"format": FORMAT, "version": VERSION, "rank": self.rank, "alpha": self.alpha,
-               "targets": list(self.targets), "token_id": self.token_id, "base_identity": target_identity,
-               "base_config_hash": base_config_hash(model), "weights_dtype": str(dtype).replace("torch.", "")}
-        cfg.update(extra or {})
-        (out / CONFIG_FILE).write_text(json.dumps(cfg, indent=1))
-        return out
-
-
-def resolve_artifact(spec: str | Path) -> Path:
-    """A local folder, or a hub repo id fetched with huggingface_hub.snapshot_download (clear error offline)."""
-    p = Path(spec)
-    if p.is_dir():
-        if not (p / CONFIG_FILE).exists():
-            raise AdapterError(f"{p} is not an SDSAT adapter folder (no {CONFIG_FILE}).")
-        return p
-    if p.exists() or str(spec).startswith((".", "/")) or str(spec).count("/") != 1:
-        raise AdapterError(f"SDSAT adapter '{spec}' not found: give a folder made by `python -m specdemo train sdsat`"
-                           " or a hub repo id (owner/name).")
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(repo_id=str(spec), allow_patterns=["*.json", "*.safetensors", "*.md"]))
-    except Exception as exc:  # offline, missing repo, auth
-        offline = os.environ.get("HF_HUB_OFFLINE") == "1"
-        why = "the hub cannot be reached (offline)" if offline else "it could not be downloaded from the hub"
-        raise AdapterError(f"SDSAT adapter '{spec}' is not a local folder and {why} "
-                           f"({type(exc).__name__}: {str(exc)[:200]}).") from exc
-
-
-def load_adapter(spec: str | Path, target) -> tuple[SDSATAdapter, dict]:
-    """Load an artifact for `target` (a specdemo Target); refuse one made for another base model."""
-    from safetensors.torch import load_file
-
-    path = resolve_artifact(spec)
-    cfg = json.loads((path / CONFIG_FILE).read_text())
-    if cfg.get("format") != FORMAT:
-        raise AdapterError(f"{path / CONFIG_FILE} is not an {FORMAT} config")
-    if cfg.get("base_identity") != target.identity or cfg.get("base_config_hash") != base_config_hash(target.model):
-        raise AdapterError(
-            f"The SDSAT adapter in {path} was trained for another base model (tokenizer {cfg.get('base_identity')}, "
-            f"config {cfg.get('base_config_hash')}); this model is {target.identity}, config "
-            f"{base_config_hash(target.model)}. Train one with `python -m specdemo train sdsat --model {target.name} "
-            f"--out DIR`.")
-    ad = SDSATAdapter(target.model, cfg["rank"], cfg["alpha"], cfg["targets"], cfg["token_id"])
-    ad.load_peft_state_dict(load_file(str(path / ADAPTER_FILE)))
-    with torch.no_grad():
-        ad.embedding.copy_(load_file(str(path / EMBED_FILE))["embedding"].to(ad.embedding.dtype))
-    ad.requires_grad_(False)
-    ad.eval()
-    return ad, cfg
-
-
-def default_artifact_dir(target) -> Path:
-    name = "embedded" if target.name.startswith("embedded") else target.name.replace("/", "--")
-    return ASSETS / name
-
-
-def default_token_id(tokenizer) -> int:
-    """An unused special (SmolLM2: ids 3-16 are code-only specials); the id only labels probe nodes in trees."""
-    for tok in ("<empty_output>", "<reponame>", "<repo_name>"):
-        tid = tokenizer.convert_tokens_to_ids(tok)
-        if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid is not None and tid >= 0:
-            return tid
-    return 0
+from specdemo.drafters.sdsat.adapter import (
+    DEFAULT_TARGETS,
+    SDSATAdapter,
+    default_token_id,
+    load_adapter,
+)
+from specdemo.offline import corpus
+from specdemo.offline.sharegpt import split_name
 
 
 # ====================================================================================================== training data
-def read_selfdistill(path: str | Path) -> list[dict]:
-    """Records {"id", "prompt_ids", "answer_ids"} of a self-distilled corpus (`python -m specdemo distill`)."""
-    from .distill import read_corpus
-
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"training data {path} not found (make it with `python -m specdemo distill`)")
-    return [r for r in read_corpus(path)[1] if "answer_ids" in r and "prompt_ids" in r]
-
-
 def split_records(paths: list[str | Path], heldout_max: int, max_seq: int) -> tuple[list, list]:
     """(training, held-out) records of self-distilled corpora: usable lengths only, held out by the one shared split
     (sharegpt.is_heldout_record); the held-out list alternates the ShareGPT and project records so both are seen."""
-    recs = [r for path in paths for r in read_selfdistill(path)
+    recs = [r for r in corpus.read_records(paths)
             if len(r["answer_ids"]) >= 3 and len(r["prompt_ids"]) + len(r["answer_ids"]) <= max_seq]
-    held = [r for r in recs if is_heldout_record(r["id"])]
+    train, held = corpus.split_heldout(recs)
     by_split = [[r for r in held if split_name(r["id"]) == name] for name in ("sharegpt", "project")]
     mixed = [r for pair in itertools.zip_longest(*by_split) for r in pair if r is not None]
-    return [r for r in recs if not is_heldout_record(r["id"])], mixed[:heldout_max]
+    return train, mixed[:heldout_max]
 
 
 def build_probes(seq: list[int], start: int, L: int, rate: float, rng: random.Random | None, max_probes: int,
@@ -464,7 +193,7 @@ def _lr_at(cfg: TrainConfig, step: int, elapsed_min: float = 0.0) -> float:
 
 
 def train(cfg: TrainConfig, resume: bool = False, log=print) -> dict:
-    from .models import load_target
+    from specdemo.target import load_target
 
     torch.set_num_threads(cfg.threads)
     random.seed(cfg.seed)

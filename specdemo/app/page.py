@@ -1,0 +1,421 @@
+"""The Gradio page: layout and event handlers.  Decoding lives in session.py, HTML in render.py, charts in plots.py.
+
+The page never decodes by itself: it streams `session.run_race`'s records into the panes, the summary and the plots.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import gradio as gr
+import pandas as pd
+
+from specdemo.app.plots import plot_updates, plots, refresh_plots
+from specdemo.app.render import (
+    bench_bars_html,
+    header_html,
+    message_html,
+    modes_html,
+    pane_html,
+    show_step,
+    summary_html,
+)
+from specdemo.app.session import (
+    DEFAULT_MODE_ORDER,
+    MAX_NEW_TOKENS,
+    MODELS,
+    MODES,
+    ZERO_GPU,
+    RaceRequest,
+    UserError,
+    availability,
+    bench_on_device,
+    explain_error,
+    race_api,
+    record_json,
+    run_race,
+)
+from specdemo.drafters import (
+    LABELS,
+    Knob,
+    all_knobs,
+    knobs,
+)
+from specdemo.sampling import SamplingConfig
+from specdemo.target import (
+    EMBEDDED,
+)
+
+ASSETS = Path(__file__).resolve().parent.parent.parent / "assets"
+MODEL_CHOICES = (
+    EMBEDDED,
+    "HuggingFaceTB/SmolLM2-360M-Instruct",
+    "HuggingFaceTB/SmolLM2-1.7B-Instruct",
+    "Qwen/Qwen2.5-0.5B-Instruct",
+    "Qwen/Qwen2.5-Coder-0.5B-Instruct",
+    "Qwen/Qwen2.5-1.5B-Instruct",
+)
+QUEUE_SIZE = 16
+MODEL_WORK = "model"  # the concurrency id every event that touches a model shares: one at a time per device
+
+
+EXAMPLES = (  # (category, prompt): the first is the default
+    ("Summarisation", "Summarise this paragraph in two sentences:\nThe Eiffel Tower is a wrought-iron lattice tower "
+                      "on the Champ de Mars in Paris, France. It is named after the engineer Gustave Eiffel, whose "
+                      "company designed and built the tower from 1887 to 1889. Locally nicknamed \"La dame de fer\", "
+                      "it was constructed as the centrepiece of the 1889 World's Fair. Although initially criticised "
+                      "by some of France's leading artists and intellectuals for its design, it has since become a "
+                      "global cultural icon of France and one of the most recognisable structures in the world."),
+    ("Code edit", "Rename the function `calc` to `average` in this code and return the whole code.\n```python\n"
+                  "def calc(values):\n    if not values:\n        return 0.0\n    return sum(values) / len(values)\n\n"
+                  "print(calc([1, 2, 3]))\n```"),
+    ("Code", "Write a Python function that checks whether a string is a palindrome, ignoring case and spaces."),
+    ("Explanation", "Explain how a hash table works, in simple terms."),
+    ("Writing", "Write a short story about a robot who learns to paint."),
+    ("Maths", "A train travels 60 km in 45 minutes. What is its average speed in km/h? Show each step."),
+)
+
+
+# ----------------------------------------------------------------------------------------------------------- models
+
+
+# ------------------------------------------------------------------------------------------------------ the race loop
+
+
+# ---------------------------------------------------------------------------------------------------------- render
+
+
+# -------------------------------------------------------------------------------------------- step-by-step view
+
+
+# ----------------------------------------------------------------------------------------------------- handlers
+
+_STOPS: dict[str, threading.Event] = {}
+
+
+def _session(request: gr.Request | None) -> str:
+    return getattr(request, "session_hash", None) or "default"
+
+
+def _options(method: str, values: tuple) -> dict:
+    out = {}
+    for knob, value in zip(all_knobs(), values):
+        if knob.method == method and value is not None:
+            use, v = knob.resolve(value)
+            if use:
+                out[knob.option] = v
+    return out
+
+
+def _write_json(data: dict, prefix: str) -> str:
+    fd, path = tempfile.mkstemp(prefix=prefix, suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=1)
+    return path
+
+
+def on_generate(model: str, method: str, prompt: str, max_new_tokens: float, temperature: float, top_p: float,
+                top_k: float, seed: float, *knobs, request: gr.Request | None = None):
+    """The page's Generate: stream the race into both panes, the summary and (throttled) the plots."""
+    req = RaceRequest(prompt or "", method or "pld", model or EMBEDDED, int(max_new_tokens),
+                      SamplingConfig(float(temperature), float(top_p), int(top_k), int(seed or 0)), _options(method, knobs))
+    stop = _STOPS.setdefault(_session(request), threading.Event())
+    stop.clear()
+    last_plot = 0.0
+    try:
+        for rec in run_race(req, None if ZERO_GPU else stop):
+            final = not rec.active
+            now = time.monotonic()
+            plot_now = final or now - last_plot > 1.0
+            if plot_now:
+                last_plot = now
+            if final and rec.status == "error":
+                gr.Warning(rec.message)
+            n = len(rec.runs["spec"].events)
+            steps = show_step(rec, 1) if final else (gr.skip(),) * 3
+            yield (
+                pane_html(rec, "ar"), pane_html(rec, "spec"), summary_html(rec),
+                message_html(rec.message, "error" if rec.status == "error" else "info") if final else "",
+                *(plot_updates(rec) if plot_now else (gr.skip(),) * 3),
+                rec if final else gr.skip(),
+                gr.Slider(minimum=1, maximum=max(n, 2), value=1, step=1, interactive=n > 1) if final else gr.skip(),
+                *steps,
+                gr.DownloadButton(value=_write_json(record_json(rec), "specdemo-run-"), interactive=True)
+                if final and n else gr.skip(),
+            )
+    finally:
+        _STOPS.pop(_session(request), None)
+
+
+def generate_event(request: gr.Request, *inputs):
+    """on_generate as an event: Gradio injects the request only into a parameter it can see by position."""
+    yield from on_generate(*inputs, request=request)
+
+
+def on_stop(request: gr.Request | None = None) -> None:
+    if (flag := _STOPS.get(_session(request))) is not None:
+        flag.set()
+
+
+def on_load_model(model: str, current: str | None):
+    """Load (or fetch from cache) the model; refresh the header and which modes can run on it."""
+    try:
+        target = MODELS.get(model)
+    except Exception as exc:  # noqa: BLE001
+        msg = explain_error(exc)
+        gr.Warning(msg)
+        return (header_html(None, "model not loaded"), gr.skip(), gr.skip(), message_html(msg), gr.skip(), gr.skip(),
+                gr.skip())
+    avail = availability(target)
+    ok = [m for m in MODES if avail[m] is None]
+    value = current if current in ok else next((m for m in DEFAULT_MODE_ORDER if m in ok), None)
+    choices = [(LABELS.get(m, m) + ("" if avail[m] is None else " (unavailable)"), m) for m in MODES]
+    bench_choices = [(LABELS.get(m, m), m) for m in ok]
+    return (header_html(target), gr.Radio(choices=choices, value=value), modes_html(avail), "", avail,
+            gr.CheckboxGroup(choices=bench_choices, value=ok[:1]), _generate_button(avail, value))
+
+
+def _generate_button(avail: dict | None, method: str | None):
+    if avail and method in avail and avail[method] is not None:
+        return gr.Button(value=f"{LABELS.get(method, method)} unavailable", interactive=False)
+    return gr.Button(value="Generate", interactive=True)
+
+
+def on_mode(method: str, avail: dict | None):
+    avail = avail or {}
+    reason = avail.get(method) or avail.get(f"{method}:note")
+    return _generate_button(avail, method), message_html(reason, "info") if reason else ""
+
+
+def on_bench(model: str, methods: list[str], prompt_labels: list[str], max_new_tokens: float,
+             progress: gr.Progress = gr.Progress()):
+    """Run specdemo.bench over a few example prompts: a table, a speedup chart and the JSON."""
+    empty = pd.DataFrame(columns=["method", "tok/s", "speedup", "τ", "identical", "draft ms", "verify ms"])
+    try:
+        from specdemo.bench import run_bench
+
+        if not methods:
+            raise UserError("Pick at least one method to compare with autoregressive decoding.")
+        chosen = [(c, p) for c, p in EXAMPLES if c in (prompt_labels or [])]
+        if not chosen:
+            raise UserError("Pick at least one example prompt.")
+        target = MODELS.get(model)
+        prompts = [{"id": c, "prompt": p} for c, p in chosen]
+
+        def report(i: int, n: int, pid: str = "", method: str = "", *_) -> None:
+            progress(i / max(n, 1), desc=f"{pid} · {LABELS.get(method, method)}")
+
+        kwargs = {"sampling": SamplingConfig(), "progress": None if ZERO_GPU else report}
+        if "warmup" in inspect.signature(run_bench).parameters:
+            kwargs["warmup"] = True
+        result = bench_on_device(target, list(methods), prompts, int(max_new_tokens), **kwargs)
+    except Exception as exc:  # noqa: BLE001
+        msg = explain_error(exc)
+        gr.Warning(msg)
+        return empty, "", message_html(msg), gr.skip()
+    rows, bars = [], {}
+    for m, r in result["methods"].items():
+        f = lambda v, nd=2: None if v is None else round(v, nd)  # noqa: E731
+        rows.append({"method": LABELS.get(m, m), "tok/s": f(r["tokens_per_s"]), "speedup": f(r["speedup"]),
+                     "τ": f(r["tau"]), "identical": None if r["identical"] is None else f"{100 * r['identical']:.0f}%",
+                     "draft ms": f(r["draft_ms"], 1),
+                     "verify ms": f(r["verify_ms"], 1)})
+        bars[LABELS.get(m, m)] = r["speedup"] or 0.0
+    note = (f"{result.get('model')} on {result.get('device')} · {len(prompts)} prompts · "
+            f"{int(max_new_tokens)} new tokens max · greedy. Speedup = tokens/s ÷ autoregressive tokens/s, same run.")
+    return (pd.DataFrame(rows), bench_bars_html(bars), message_html(note, "info"),
+            gr.DownloadButton(value=_write_json(result, "specdemo-bench-"), interactive=True))
+
+
+# -------------------------------------------------------------------------------------------------------- layout
+
+def build_demo(default_model: str = EMBEDDED) -> gr.Blocks:
+    """The whole page.  Pass `launch_kwargs()` to `launch()` (Gradio 6 takes theme/css there)."""
+    if os.environ.get("SPACE_ID"):
+        try:  # on Spaces: load at start-up (ZeroGPU moves weights to the GPU only outside GPU functions)
+            MODELS.get(default_model)
+        except Exception as exc:  # noqa: BLE001 — the page still opens and shows the reason
+            print(f"specdemo: could not preload {default_model}: {exc}", flush=True)
+
+    with gr.Blocks(title="specdemo · speculative decoding, made visible") as demo:
+        avail_state = gr.State({})
+        record_state = gr.State(None)
+        header = gr.HTML(header_html(None, "loading model…"), padding=False)
+
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=5):
+                prompt = gr.Textbox(value=EXAMPLES[0][1], label="Prompt", lines=7, max_lines=14,
+                                    placeholder="Ask something, or pick an example below", elem_id="sd-prompt")
+                gr.Examples([[p] for _, p in EXAMPLES], inputs=[prompt], example_labels=[c for c, _ in EXAMPLES],
+                            label="Examples")
+                gr.Markdown(HOW_TO_READ, elem_classes=["sd-howto"])
+            with gr.Column(scale=4):
+                with gr.Row():
+                    model = gr.Dropdown(list(MODEL_CHOICES), value=default_model, allow_custom_value=True,
+                                        label="Model", info="embedded = SmolLM2-135M-Instruct, offline; or a hub id "
+                                        "or local folder", scale=4)
+                    load_btn = gr.Button("Load", scale=1, min_width=70, size="md", elem_id="sd-load")
+                mode = gr.Radio([(LABELS.get(m, m), m) for m in MODES], value=None, label="Speculative mode",
+                                elem_id="sd-mode")
+                modes_box = gr.HTML(modes_html({}), padding=False)
+                with gr.Accordion("Settings", open=False, elem_id="sd-settings"):
+                    with gr.Row():
+                        max_new = gr.Slider(1, MAX_NEW_TOKENS, value=128, step=1, label="Max new tokens")
+                        seed = gr.Number(0, precision=0, label="Seed", minimum=0)
+                    with gr.Row():
+                        temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature", info="0 = greedy")
+                        top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="Top-p")
+                        top_k = gr.Slider(0, 200, value=0, step=1, label="Top-k", info="0 = off")
+                    sliders: dict[Knob, gr.Slider] = {}
+                    groups = {}
+                    for m in MODES:
+                        ks = list(knobs(m))
+                        if not ks:
+                            continue
+                        with gr.Group(visible=False) as groups[m]:
+                            gr.Markdown(f"**{LABELS.get(m, m)} settings**", padding=True)
+                            with gr.Row():
+                                for k in ks:
+                                    sliders[k] = gr.Slider(k.minimum, k.maximum, value=k.value, step=1,
+                                                           label=k.label, info=k.info)
+                    knob_inputs = [sliders[k] for k in all_knobs()]  # the order _options() reads them in
+                with gr.Row():
+                    gen_btn = gr.Button("Generate", variant="primary", elem_id="sd-generate", scale=3)
+                    stop_btn = gr.Button("Stop", variant="stop", elem_id="sd-stop", scale=1)
+        message = gr.HTML("", padding=False, elem_id="sd-message")
+        summary = gr.HTML(summary_html(None), padding=False, elem_id="sd-summary")
+        with gr.Row(equal_height=True):
+            ar_pane = gr.HTML(pane_html(None, "ar"), padding=False, elem_id="sd-ar")
+            spec_pane = gr.HTML(pane_html(None, "spec"), padding=False, elem_id="sd-spec")
+
+        with gr.Tabs():
+            with gr.Tab("Live plots"):
+                with gr.Row():
+                    curve_plot = gr.LinePlot(plots(None)[0], x="compute (s)", y="tokens", color="run",
+                                             title="Tokens vs own compute time", label="Tokens vs compute time",
+                                             color_map={"autoregressive": "#9ca3af", "speculative": "#6366f1"})
+                    hist_plot = gr.BarPlot(plots(None)[1], x="tokens per step", y="steps",
+                                           title="Tokens per step (accepted + 1)",
+                                           label="Accepted lengths", y_lim=[0, None])
+                    time_plot = gr.BarPlot(plots(None)[2], x="step", y="ms", color="phase",
+                                           title="Draft vs verify ms per step",
+                                           label="Draft vs verify", y_lim=[0, None],
+                                           color_map={"draft": "#f59e0b", "verify": "#6366f1"})
+            with gr.Tab("Step by step", elem_id="sd-steps"):
+                gr.Markdown("Walk through the speculative run one verification step at a time: the tree the drafter "
+                            "proposed, the path the target accepted, and the token that stopped it.")
+                with gr.Row():
+                    prev_btn = gr.Button("◀ Previous step", size="sm", scale=1)
+                    step = gr.Slider(1, 2, value=1, step=1, label="Step", interactive=False, scale=6)
+                    next_btn = gr.Button("Next step ▶", size="sm", variant="primary", scale=1, elem_id="sd-next")
+                explanation = gr.Markdown(elem_id="sd-explain")
+                with gr.Row():
+                    tree_view = gr.HTML(padding=False)
+                    step_text = gr.HTML(padding=False)
+            with gr.Tab("Export"):
+                gr.Markdown("The last race as JSON: Spec-Bench fields (`new_tokens`, `wall_time`, `accept_lengths`) "
+                            "per run, plus method, model, settings and the summary. `wall_time` is each run's own "
+                            "compute time.")
+                export_btn = gr.DownloadButton("Download run JSON", interactive=False)
+            with gr.Tab("Benchmark"):
+                gr.Markdown("Runs `specdemo.bench` (AR first, then each method, after a warm-up) on the chosen example "
+                            "prompts. Greedy; speedup is measured here, against AR in the same run.")
+                with gr.Row():
+                    bench_methods = gr.CheckboxGroup([], label="Methods")
+                    bench_prompts = gr.CheckboxGroup([c for c, _ in EXAMPLES], value=[c for c, _ in EXAMPLES[:3]],
+                                                     label="Prompts")
+                    bench_tokens = gr.Slider(8, 256, value=48, step=8, label="Max new tokens")
+                bench_btn = gr.Button("Run benchmark", variant="primary")
+                bench_note = gr.HTML(padding=False)
+                with gr.Row():
+                    bench_table = gr.Dataframe(interactive=False, label="Results", scale=3)
+                    bench_plot = gr.HTML("", padding=False, scale=2)
+                bench_json = gr.DownloadButton("Download bench JSON", interactive=False)
+            with gr.Tab("API"):
+                gr.Markdown(API_DOC)
+
+        # events ------------------------------------------------------------------------------------------------
+        load_outputs = [header, mode, modes_box, message, avail_state, bench_methods, gen_btn]
+        model_work = dict(concurrency_id=MODEL_WORK, concurrency_limit=1)
+        demo.load(on_load_model, [model, mode], load_outputs, api_visibility="private", **model_work)
+        load_btn.click(on_load_model, [model, mode], load_outputs, api_visibility="private", **model_work)
+        model.input(on_load_model, [model, mode], load_outputs, api_visibility="private", **model_work)
+        mode.change(on_mode, [mode, avail_state], [gen_btn, message], api_visibility="private",
+                    queue=False)
+        for m, g in groups.items():
+            mode.change(lambda x, m=m: gr.Group(visible=x == m), [mode], [g], api_visibility="private", queue=False)
+
+        gen_outputs = [ar_pane, spec_pane, summary, message, curve_plot, hist_plot, time_plot, record_state, step,
+                       tree_view, explanation, step_text, export_btn]
+        gen_inputs = [model, mode, prompt, max_new, temperature, top_p, top_k, seed, *knob_inputs]
+        run_event = gen_btn.click(generate_event, gen_inputs, gen_outputs, api_visibility="undocumented",
+                                  api_name="generate", **model_work)
+        submit_event = prompt.submit(generate_event, gen_inputs, gen_outputs, api_visibility="private", **model_work)
+        for event in (run_event, submit_event):  # redraw the plots once more: Gradio shows a re-embedded plot one
+            event.then(refresh_plots, [record_state], [curve_plot, hist_plot, time_plot],  # update late
+                       api_visibility="private", queue=False)
+        stop_btn.click(on_stop, None, None, api_visibility="private", queue=False,
+                       cancels=[run_event] if ZERO_GPU else None)
+
+        step.change(show_step, [record_state, step], [tree_view, explanation, step_text], api_visibility="private",
+                    queue=False)
+        prev_btn.click(lambda k: max(1, int(k) - 1), [step], [step], api_visibility="private", queue=False)
+        next_btn.click(lambda k, r: min(int(k) + 1, len(r.runs["spec"].events) if r else 1), [step, record_state],
+                       [step], api_visibility="private", queue=False)
+
+        bench_btn.click(on_bench, [model, bench_methods, bench_prompts, bench_tokens],
+                        [bench_table, bench_plot, bench_note, bench_json], api_visibility="private", **model_work)
+        gr.api(race_api, api_name="race", **model_work)
+    demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=1)
+    return demo
+
+
+HOW_TO_READ = """
+**How to read the race.** Both decoders get the same prompt and settings. The one that has used less compute so far
+always runs next, so each pane grows at its true speed. On the right, **shaded** text is draft tokens the model
+accepted: several tokens for the price of one forward pass (the shade alternates per step; hover for details). Plain
+text is the model's own token. At the end: speedup, τ (tokens per forward pass) and whether both outputs are
+identical, as they must be. **Step by step** below replays every verification.
+"""
+
+API_DOC = """
+### Script a race with `gradio_client`
+
+The endpoint **`/race`** runs the same race as the page and streams a dict after every step (the last one is final).
+
+```python
+from gradio_client import Client
+
+client = Client("http://127.0.0.1:7860/")          # or "user/space-name" on Hugging Face
+job = client.submit(
+    "Explain recursion in one paragraph.",  # prompt
+    "pld", "embedded", 64,                  # method, model, max_new_tokens
+    0.0, 1.0, 0, 0,                         # temperature (0 = greedy), top_p, top_k, seed
+    {"num_tokens": 10},                     # options for the drafter
+    api_name="/race",
+)
+for update in job:                                   # streamed while racing
+    print(update["status"], update["ar"]["new_tokens"], update["spec"]["new_tokens"])
+final = job.outputs()[-1]
+print(final["summary"])    # speedup, tau, forwards_saved, identical, ...
+print(final["run"])        # the exported JSON: new_tokens, wall_time, accept_lengths per run
+```
+
+Methods: `rest`, `s4c`, `sdsat`, `pld` (those available for the model). Errors come back as
+`{"status": "error", "message": ...}`, not as exceptions.
+"""
+
+
+def launch_kwargs() -> dict:
+    """theme / css / head for `demo.launch()` (Gradio 6 takes them there, not in Blocks)."""
+    return {
+        "theme": gr.themes.Soft(primary_hue="indigo", secondary_hue="emerald",
+                                font=["ui-sans-serif", "system-ui", "sans-serif"],  # no web-font fetch: works offline
+                                font_mono=["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace"]),
+        "css_paths": [ASSETS / "style.css"],
+    }

@@ -1,0 +1,299 @@
+"""The race behind the page and the API: a request becomes a stream of plain records (no gradio here).
+
+`run_race` is the one loop behind the page and the scripted `/race` endpoint; everything it yields is plain data (no
+model, no generators), so the same code runs under ZeroGPU, where model work happens in another process.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Iterator
+
+import torch
+
+from specdemo import __version__
+from specdemo.app.race import Piece, Race, Run, Summary, TextBuilder, summarize
+from specdemo.drafters import (
+    LABELS,
+    REGISTRY,
+    DrafterUnavailable,
+    make_drafter,
+    note,
+    unavailable_reason,
+)
+from specdemo.engine import GenerationConfig, StepEvent, generate, validate_request
+from specdemo.offline.build_datastore import ensure_default
+from specdemo.sampling import SamplingConfig
+from specdemo.target import (
+    EMBEDDED,
+    ModelLoadError,
+    Target,
+    UnsupportedForTree,
+    load_target,
+)
+
+MODES = tuple(m.name for m in REGISTRY)  # the order the page shows them in
+DEFAULT_MODE_ORDER = tuple(m.name for m in sorted(REGISTRY, key=lambda m: m.default_rank))
+MAX_PROMPT_CHARS = 16_000  # before tokenising; the token limit itself comes from the model's context
+
+
+MAX_NEW_TOKENS = 512
+
+
+ZERO_GPU = bool(os.environ.get("SPACES_ZERO_GPU"))
+
+
+def _gpu(fn: Callable, duration: int = 120) -> Callable:
+    """`spaces.GPU` when the `spaces` package is there (a no-op off ZeroGPU), else the function itself."""
+    try:
+        import spaces  # type: ignore
+    except ImportError:
+        return fn
+    return spaces.GPU(duration=duration)(fn)
+
+
+class ModelCache:
+    """Loaded targets by name, the most recent few kept (loading is the slow part; memory is the limit)."""
+
+    def __init__(self, keep: int = 2):
+        self.keep = keep
+        self._targets: OrderedDict[str, Target] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, name: str) -> Target:
+        name = (name or EMBEDDED).strip() or EMBEDDED
+        with self._lock:
+            if name in self._targets:
+                self._targets.move_to_end(name)
+                return self._targets[name]
+            while len(self._targets) >= self.keep:
+                self._targets.popitem(last=False)
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+            target = load_target(name)
+            if name == EMBEDDED:  # a no-op when current; `make setup` builds it before the app starts
+                ensure_default(target)
+            self._targets[name] = target
+            return target
+
+    def put(self, name: str, target: Target) -> None:
+        """Share an already loaded target (tests, or a host app that loaded it)."""
+        with self._lock:
+            self._targets[name] = target
+
+
+MODELS = ModelCache()
+
+
+def availability(target: Target) -> dict[str, str | None]:
+    """Per mode: None when usable on this model, else the reason (with the command that fixes it)."""
+    out = {}
+    for m in MODES:
+        try:
+            out[m] = unavailable_reason(m, target)
+        except Exception as exc:  # a half-written drafter module must not take the page down
+            out[m] = f"{LABELS.get(m, m)} failed to report its status: {type(exc).__name__}: {exc}"
+        if (text := note(m, target)) is not None:
+            out[f"{m}:note"] = text
+    return out
+
+
+class UserError(Exception):
+    """A problem the user can fix; its message is shown in the page."""
+
+
+@dataclass
+class RaceRequest:
+    prompt: str
+    method: str = "pld"
+    model: str = EMBEDDED
+    max_new_tokens: int = 128
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    options: dict = field(default_factory=dict)
+
+
+@dataclass
+class RaceRecord:
+    """Everything the page and the API show about one race; plain data, safe to keep in gr.State."""
+
+    request: RaceRequest
+    model: str = ""
+    device: str = ""
+    dtype: str = ""
+    status: str = "starting"  # starting | running | done | stopped | error
+    message: str | None = None
+    runs: dict[str, Run] = field(default_factory=lambda: {"ar": Run("ar"), "spec": Run("spec")})
+    pieces: dict[str, list[Piece]] = field(default_factory=lambda: {"ar": [], "spec": []})
+    texts: dict[str, str] = field(default_factory=lambda: {"ar": "", "spec": ""})
+    token_text: dict[int, str] = field(default_factory=dict)  # id -> text, for tree nodes and roots
+    prompt_tail: list[int] = field(default_factory=list)  # the prompt's last token (the first step's root)
+    summary: Summary | None = None
+
+    @property
+    def label(self) -> str:
+        return LABELS.get(self.request.method, self.request.method)
+
+    @property
+    def active(self) -> bool:
+        return self.status in ("starting", "running")
+
+
+def prepare(req: RaceRequest) -> tuple[Target, list[int], GenerationConfig]:
+    """Load the model, encode and check the request: every problem becomes a UserError before any decoding."""
+    if req.method not in MODES:
+        raise UserError(f"Unknown mode '{req.method}'. Choose one of: {', '.join(MODES)}.")
+    if not req.prompt or not req.prompt.strip():
+        raise UserError("The prompt is empty: type something (or pick an example) and press Generate.")
+    if len(req.prompt) > MAX_PROMPT_CHARS:
+        raise UserError(f"The prompt is {len(req.prompt):,} characters; this demo takes up to {MAX_PROMPT_CHARS:,}.")
+    if not 1 <= req.max_new_tokens <= MAX_NEW_TOKENS:
+        raise UserError(f"Max new tokens must be between 1 and {MAX_NEW_TOKENS}.")
+    try:
+        target = MODELS.get(req.model)
+    except ModelLoadError as exc:
+        raise UserError(str(exc)) from exc
+    reason = unavailable_reason(req.method, target)
+    if reason:
+        raise UserError(f"{LABELS.get(req.method, req.method)} is unavailable for {target.name}: {reason}")
+    ids = target.encode_prompt(req.prompt)
+    cfg = GenerationConfig(max_new_tokens=int(req.max_new_tokens), sampling=req.sampling)
+    try:
+        validate_request(target, ids, cfg)
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
+    return target, ids, cfg
+
+
+def _race_events(req: RaceRequest) -> Iterator[tuple[str, StepEvent]]:
+    """The model work: AR and the chosen method interleaved by `Race`.  Runs on the GPU worker under ZeroGPU."""
+    target, ids, cfg = prepare(req)
+    try:
+        drafter = make_drafter(req.method, target, **req.options)
+    except TypeError as exc:
+        raise UserError(f"{LABELS.get(req.method, req.method)} does not take these settings: {exc}") from exc
+    yield from Race({"ar": generate(target, ids, None, cfg), "spec": generate(target, ids, drafter, cfg)})
+
+
+race_events = _gpu(_race_events)
+
+
+def _bench(*args, **kwargs) -> dict:
+    from specdemo.bench import run_bench
+
+    return run_bench(*args, **kwargs)
+
+
+bench_on_device = _gpu(_bench, duration=300)  # decorated at import time, as ZeroGPU expects
+
+
+def explain_error(exc: BaseException) -> str:
+    """A message for the page; the app keeps serving whatever went wrong."""
+    if isinstance(exc, (UserError, ModelLoadError, UnsupportedForTree, DrafterUnavailable)):
+        return str(exc)
+    if isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower():
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return "Out of memory: lower max new tokens, shorten the prompt or pick a smaller model."
+    if isinstance(exc, ValueError):
+        return str(exc)
+    return f"Something went wrong: {type(exc).__name__}: {str(exc)[:300]}"
+
+
+def run_race(req: RaceRequest, stop: threading.Event | None = None) -> Iterator[RaceRecord]:
+    """Yield the record after the start, after every step of either run, and once more at the end.
+
+    `stop` is checked after every step, so Stop takes effect within one step.
+    """
+    rec = RaceRecord(req)
+    events = None
+    try:
+        target, ids, _ = prepare(req)
+        rec.model, rec.device, rec.dtype = target.name, target.device.type, str(target.dtype).replace("torch.", "")
+        rec.prompt_tail = ids[-1:]
+        builders = {"ar": TextBuilder(target.decode), "spec": TextBuilder(target.decode)}
+        rec.pieces = {k: b.pieces for k, b in builders.items()}
+        yield rec
+        rec.status = "running"
+        events = race_events(req)
+        for name, ev in events:
+            rec.runs[name].add(ev)
+            builders[name].add(ev.tokens, ev.step, ev.from_draft, ev.sources)
+            rec.texts[name] = builders[name].text
+            if name == "spec":
+                for tok in ev.tree.tokens + ev.tokens + rec.prompt_tail:
+                    if tok not in rec.token_text:
+                        rec.token_text[tok] = target.tokenizer.decode([tok])
+            rec.summary = summarize(rec.runs["ar"], rec.runs["spec"])
+            yield rec
+            if stop is not None and stop.is_set():
+                rec.status, rec.message = "stopped", "Stopped: the numbers below cover the steps run so far."
+                break
+        else:
+            rec.status = "done"
+    except Exception as exc:  # noqa: BLE001 — every failure becomes a message; the server keeps going
+        rec.status, rec.message = "error", explain_error(exc)
+    finally:
+        if events is not None and hasattr(events, "close"):
+            events.close()
+    yield rec
+
+
+def record_json(rec: RaceRecord) -> dict:
+    """The run in Spec-Bench's fields (new_tokens, wall_time, accept_lengths) plus method, model and settings.
+
+    wall_time is each run's own compute time (the race interleaves the two runs, so shared wall time means nothing).
+    """
+    req = rec.request
+    runs = {}
+    for key, run in rec.runs.items():
+        method = "ar" if key == "ar" else req.method
+        runs[method] = {
+            "method": method, "new_tokens": run.n_tokens, "wall_time": run.compute_s,
+            "accept_lengths": run.accept_lengths, "decoding_steps": run.forwards, "tokens_per_s": run.tokens_per_s,
+            "tau": run.tau, "draft_s": [e.draft_s for e in run.events], "verify_s": [e.verify_s for e in run.events],
+            "finish_reason": run.finish_reason, "tokens": run.tokens, "text": rec.texts[key],
+        }
+    s = rec.summary
+    return {
+        "specdemo": __version__, "model": rec.model, "device": rec.device, "dtype": rec.dtype,
+        "method": req.method, "status": rec.status, "prompt": req.prompt,
+        "settings": {"max_new_tokens": req.max_new_tokens, **asdict(req.sampling), "options": req.options},
+        "runs": runs,
+        "summary": None if s is None else {"speedup": s.speedup, "tau": s.tau, "forwards": s.forwards,
+                                           "baseline_forwards": s.baseline_forwards,
+                                           "forwards_saved": s.forwards_saved, "identical": s.identical,
+                                           "complete": s.complete, "first_difference": s.first_difference},
+    }
+
+
+def race_api(prompt: str, method: str = "pld", model: str = EMBEDDED, max_new_tokens: int = 64,
+             temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
+             options: dict | None = None) -> dict:
+    """Race plain decoding against `method` on `prompt`; streams a dict after every step, the last one final.
+
+    Keys: status (running|done|stopped|error), message, model, method, ar / spec (text, new_tokens, elapsed_s,
+    tokens_per_s, forwards, accept_lengths; spec also spans: [{text, step, accepted_draft, source}]), summary
+    (speedup, tau, forwards_saved, identical, complete) and, in the final dict, run (the exported JSON).
+    """
+    req = RaceRequest(prompt or "", (method or "pld").lower().strip(), model or EMBEDDED, int(max_new_tokens),
+                      SamplingConfig(float(temperature), float(top_p), int(top_k), int(seed or 0)), dict(options or {}))
+    for rec in run_race(req):
+        yield api_view(rec)
+
+
+def api_view(rec: RaceRecord) -> dict:
+    def run_view(key: str) -> dict:
+        run = rec.runs[key]
+        return {"text": rec.texts[key], "new_tokens": run.n_tokens, "elapsed_s": run.compute_s,
+                "tokens_per_s": run.tokens_per_s, "forwards": run.forwards, "accept_lengths": run.accept_lengths,
+                "done": run.done}
+
+    out = {"status": rec.status, "message": rec.message, "model": rec.model, "method": rec.request.method,
+           "ar": run_view("ar"), "spec": run_view("spec"), "summary": record_json(rec)["summary"]}
+    out["spec"]["spans"] = [{"text": p.text, "step": p.step + 1, "accepted_draft": p.from_draft, "source": p.source}
+                            for p in TextBuilder.groups_of(rec.pieces["spec"]) if p.text]
+    if not rec.active:
+        out["run"] = record_json(rec)
+    return out

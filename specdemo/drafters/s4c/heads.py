@@ -1,0 +1,205 @@
+"""S4C draft model (He et al., "Speculative Sampling with Syntactic and Semantic Coherence"): heads, trees, training.
+
+No public code exists; this is our reading of the paper (§3), with every vague point decided here.
+
+Model (§3.1.1)
+--------------
+* Feature f_t = the target's final *normed* hidden state at position t (the LM head's input; it predicts x_{t+1}).
+* Head h (h = 1..H, H = 3):  g_{h,t} = Norm_h(DecoderLayer_h(W_h [e(x_{t+h}); u_{h,t}] + b_h))
+  with u_{1,t} = f_t (the target's feature) and u_{h,t} = g_{h-1,t} (the previous head's output): heads are
+  *autoregressive between heads*.  g_{h,t} imitates f_{t+h} and predicts x_{t+h+1} through the target's frozen LM head;
+  e() is the target's frozen embedding table.  DecoderLayer_h is the target's own decoder-layer class
+  (`type(target.decoder.layers[0])`, e.g. LlamaDecoderLayer / Qwen2DecoderLayer) built from a copy of the target's
+  config with a smaller MLP (`intermediate_size`, default 768, so three heads of SmolLM2-135M fit in < 20 MB fp16).
+* Each head attends causally over its own positions t (its own KV cache).  Head h can take position t into its cache
+  once x_{t+h} is committed, so head 1 runs up to the newest committed position, head 2 one behind, head 3 two behind.
+  At drafting time head h fills the missing h-1 positions of each branch with draft tokens and the previous head's
+  draft outputs ("parallel within a head": all branches of a depth go through ONE layer call with a tree mask;
+  "autoregressive between heads": depth h needs depth h-1's outputs).  Inference therefore sees exactly the inputs
+  the unrolled training saw (no train/test mismatch between target features and draft features).
+* First head: only one target feature is available (the one of the token before the root); head 1's distribution
+  gives the top-2 candidates a, b that start the two vertical chains (the paper's "reuse the feature, take the top-2
+  candidates as different inputs"); heads 2 and 3 run on both chains batched and continue each with its top-1.
+* Draft vocabulary (our addition, as FR-Spec/EAGLE-3): tokens are scored against a frequency-selected subset of the
+  target's LM-head rows (the `draft_vocab` stored with the heads, default 8192) plus every token of the current
+  prompt.  It cuts the soft-CE cost of training ~6x on CPU and the per-step draft cost; the LM head itself stays the
+  target's frozen one.
+
+Continuous verification tree (§3.2) -- `tree="s4c"` (default)
+-----------------------------------
+Vertical first: the two top-1 chains a→a2→a3 and b→b2→b3.  Then horizontal: at every chain position the top-2..top-k
+alternatives of the same distribution (free: no extra head call).  Nodes are kept in that priority order (chains, then
+alternatives by cumulative draft probability) up to `budget`; k = 3 gives 15 nodes.  Ablations over the same heads:
+`tree="chain"` (one top-1 chain, H nodes) and `tree="eagle"` (EAGLE-2 style: at every depth expand the `topk` best
+nodes by cumulative log-probability with their top-k children, then keep the `budget` best nodes overall).
+
+Training: `specdemo/offline/train_s4c.py` (`python -m specdemo train s4c`).
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+FORMAT = "specdemo-s4c"
+VERSION = 1
+ASSETS = Path(__file__).resolve().parent.parent / "assets" / "s4c"
+EMBEDDED_HEADS = ASSETS / "smollm2-135m-instruct"
+
+
+class S4CArtifactError(RuntimeError):
+    """Heads missing, unreadable, or trained for another target model; the message says what to do."""
+
+
+# ---------------------------------------------------------------------------------------------------------- identity
+def target_config_hash(target) -> str:
+    cfg = target.model.config
+    keys = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+            "intermediate_size", "vocab_size", "max_position_embeddings", "tie_word_embeddings")
+    blob = json.dumps({k: getattr(cfg, k, None) for k in keys}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def train_command(target_name: str, out: str = "DIR") -> str:
+    return f"python -m specdemo train s4c --model {target_name} --data assets/corpus/selfdistill.jsonl.gz --out {out}"
+
+
+# ---------------------------------------------------------------------------------------------------------- model
+class S4CHeads(nn.Module):
+    """H heads: Linear(2d -> d) + one target-class decoder layer + RMSNorm each.  Embedding and LM head are the
+    target's (frozen, not stored); `draft_vocab` is a buffer of token ids the heads score against."""
+
+    def __init__(self, target, n_heads: int = 3, intermediate_size: int = 768, draft_vocab: torch.Tensor | None = None):
+        super().__init__()
+        dec = target.decoder
+        cfg = copy.deepcopy(target.model.config)
+        cfg.num_hidden_layers = 1
+        cfg.intermediate_size = intermediate_size
+        cfg._attn_implementation = "sdpa"
+        if hasattr(cfg, "layer_types"):
+            cfg.layer_types = ["full_attention"]
+        cfg.use_sliding_window = False
+        d = cfg.hidden_size
+        self.d, self.n_heads, self.intermediate_size = d, n_heads, intermediate_size
+        layer_cls, norm_cls = type(dec.layers[0]), type(dec.norm)
+        self.fc = nn.ModuleList(nn.Linear(2 * d, d) for _ in range(n_heads))
+        self.layers = nn.ModuleList(layer_cls(cfg, layer_idx=0) for _ in range(n_heads))
+        self.norms = nn.ModuleList(norm_cls(d, eps=cfg.rms_norm_eps) for _ in range(n_heads))
+        self.rotary = type(dec.rotary_emb)(config=cfg)
+        std = getattr(cfg, "initializer_range", 0.02)
+        for mod in self.layers.modules():
+            if isinstance(mod, nn.Linear):
+                nn.init.normal_(mod.weight, std=std)
+                if mod.bias is not None:
+                    nn.init.zeros_(mod.bias)
+        with torch.no_grad():  # start as "pass the feature through": fc = [0 | I]
+            for fc in self.fc:
+                fc.weight.zero_()
+                fc.weight[:, d:] = torch.eye(d)
+                fc.bias.zero_()
+            for norm in self.norms:
+                norm.weight.copy_(dec.norm.weight.detach().float())
+        if draft_vocab is None:
+            draft_vocab = torch.arange(target.model.config.vocab_size)
+        self.register_buffer("draft_vocab", draft_vocab.long().clone(), persistent=True)
+        # frozen references to the target (not parameters of this module, never saved)
+        self._target = [target]
+
+    @property
+    def target(self):
+        return self._target[0]
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.target.model.get_input_embeddings()(ids)
+
+    def lm_weight(self, ids: torch.Tensor | None = None) -> torch.Tensor:
+        w = self.target.lm_head.weight
+        return w[self.draft_vocab if ids is None else ids]
+
+    def head(self, h: int, emb: torch.Tensor, feat: torch.Tensor, position_ids: torch.Tensor,
+             mask: torch.Tensor | None = None, cache=None) -> torch.Tensor:
+        """Head h (0-based) over (B, T) positions: [e(x); u] -> features (B, T, d)."""
+        x = self.fc[h](torch.cat([emb, feat], dim=-1))
+        pe = self.rotary(x, position_ids)
+        kw = dict(attention_mask=mask, position_ids=position_ids, position_embeddings=pe)
+        if cache is not None:
+            kw.update(past_key_values=cache, use_cache=True)
+        y = self.layers[h](x, **kw)
+        if isinstance(y, tuple):
+            y = y[0]
+        return self.norms[h](y)
+
+    def artifact_state(self) -> dict[str, torch.Tensor]:
+        sd = {k: v.detach().to(torch.float16).contiguous() for k, v in self.state_dict().items()
+              if not k.startswith("rotary.") and k != "draft_vocab"}
+        sd["draft_vocab"] = self.draft_vocab.to(torch.int32).contiguous()
+        return sd
+
+
+def save_heads(heads: S4CHeads, out: Path, extra: dict | None = None) -> None:
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    t = heads.target
+    cfg = {
+        "format": FORMAT, "version": VERSION, "n_heads": heads.n_heads, "hidden_size": heads.d,
+        "intermediate_size": heads.intermediate_size, "draft_vocab_size": int(heads.draft_vocab.numel()),
+        "target": t.name, "tokenizer_identity": t.identity, "target_config_hash": target_config_hash(t),
+        "target_model_type": t.model.config.model_type,
+    }
+    cfg.update(extra or {})
+    tmp = out / "model.safetensors.tmp"
+    save_file(heads.artifact_state(), str(tmp), metadata={"format": FORMAT})
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, out / "model.safetensors")
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+
+
+def resolve_heads_dir(source: str | Path) -> Path:
+    """A local folder, or a hub repo id fetched with huggingface_hub (fails clearly offline)."""
+    p = Path(source).expanduser()
+    if p.exists():
+        if not (p / "config.json").exists() or not (p / "model.safetensors").exists():
+            raise S4CArtifactError(f"S4C heads folder {p} has no config.json + model.safetensors.")
+        return p
+    if str(source).count("/") != 1 or str(source).startswith((".", "/", "~")):
+        raise S4CArtifactError(f"S4C heads '{source}' not found: not a local folder and not a hub repo id (owner/name).")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo_id=str(source), allow_patterns=["config.json", "model.safetensors", "*.md"]))
+    except Exception as exc:  # offline, missing repo, auth ...
+        raise S4CArtifactError(f"Cannot fetch S4C heads '{source}' from the Hugging Face hub "
+                               f"({type(exc).__name__}: {str(exc)[:200]}). Pass a local folder instead.") from exc
+
+
+def load_heads(target, source: str | Path) -> S4CHeads:
+    from safetensors.torch import load_file
+
+    path = resolve_heads_dir(source)
+    cfg = json.loads((path / "config.json").read_text())
+    if cfg.get("format") != FORMAT:
+        raise S4CArtifactError(f"{path} is not an S4C heads folder (format {cfg.get('format')!r}).")
+    if cfg.get("tokenizer_identity") != target.identity or cfg.get("target_config_hash") != target_config_hash(target):
+        raise S4CArtifactError(
+            f"The S4C heads in {path} were trained for another model ({cfg.get('target')!r}, tokenizer "
+            f"{cfg.get('tokenizer_identity')}, config {cfg.get('target_config_hash')}), not for '{target.name}' "
+            f"(tokenizer {target.identity}, config {target_config_hash(target)}). Train heads for this model: "
+            f"{train_command(target.name)}")
+    sd = load_file(str(path / "model.safetensors"))
+    heads = S4CHeads(target, cfg["n_heads"], cfg["intermediate_size"], sd.pop("draft_vocab").long())
+    missing, unexpected = heads.load_state_dict(sd, strict=False)
+    missing = [k for k in missing if not k.startswith("rotary.") and k != "draft_vocab"]
+    if missing or unexpected:
+        raise S4CArtifactError(f"S4C heads in {path} do not match the model layout (missing {missing[:3]}, "
+                               f"unexpected {unexpected[:3]}).")
+    heads.to(device=target.device, dtype=target.dtype)
+    heads.eval().requires_grad_(False)
+    heads.config = cfg
+    return heads

@@ -1,0 +1,87 @@
+"""The training corpora: where they live and the one reader every trainer and the datastore builder use.
+
+A distilled corpus (`python -m specdemo distill`) is gzip JSONL: a header line, then records {"id", "prompt_ids",
+"answer_ids", ...}.  Held-out records are chosen by `sharegpt.is_heldout_record` (one split for every consumer), so
+S4C's and SDSAT's held-out figures are measured on the same records and the datastore never holds them.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+from specdemo.offline.sharegpt import is_heldout_record
+
+ASSETS = Path(__file__).resolve().parent.parent.parent / "assets"
+PROMPTS_PATH = ASSETS / "corpus" / "prompts.jsonl"
+SELFDISTILL_PATH = ASSETS / "corpus" / "selfdistill.jsonl.gz"
+SHAREGPT_DISTILL_PATH = ASSETS / "corpus" / "sharegpt_distill.jsonl.gz"  # `python -m specdemo distill`, see README
+DISTILLED_CORPORA = (SELFDISTILL_PATH, SHAREGPT_DISTILL_PATH)
+FORMAT = "specdemo-selfdistill"
+VERSION = 2
+
+
+def read_records(paths: list[str | Path]) -> list[dict]:
+    """Records {"id", "prompt_ids", "answer_ids"} of distilled corpora (.jsonl[.gz]) or of plain {"ids": [...],
+    "start": n} JSONL (extra text such as stdlib code: the first `start` ids are context, the rest is trained on)."""
+    out = []
+    for path in paths:
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"training data {path} not found (make it with `python -m specdemo distill`)")
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt", encoding="utf-8") as f:
+            first = json.loads(f.readline() or "{}")
+        if first.get("format") == FORMAT:  # a distilled corpus, with the journal of an unfinished run
+            out += [{"id": str(r["id"]), "prompt_ids": list(r["prompt_ids"]), "answer_ids": list(r["answer_ids"])}
+                    for r in read_corpus(path)[1] if "prompt_ids" in r and "answer_ids" in r]
+            continue
+        with opener(path, "rt", encoding="utf-8") as f:
+            for n, line in enumerate(f):
+                if not line.strip():
+                    continue
+                r = json.loads(line)
+                if "prompt_ids" in r and "answer_ids" in r:
+                    out.append({"id": str(r.get("id", n)), "prompt_ids": list(r["prompt_ids"]),
+                                "answer_ids": list(r["answer_ids"])})
+                elif "ids" in r:
+                    start = int(r.get("start", 1))
+                    out.append({"id": str(r.get("id", f"{path.name}:{n}")), "prompt_ids": list(r["ids"][:start]),
+                                "answer_ids": list(r["ids"][start:])})
+    return out
+
+
+def split_heldout(records: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(training, held-out) by the one shared split."""
+    return ([r for r in records if not is_heldout_record(r["id"])],
+            [r for r in records if is_heldout_record(r["id"])])
+
+
+def read_corpus(path: Path) -> tuple[dict | None, list[dict]]:
+    """(header, records) of a distilled corpus, the journal of an unfinished run included."""
+    header, records = None, []
+    if path.exists():
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            lines = [json.loads(line) for line in f if line.strip()]
+        if not lines or lines[0].get("format") != FORMAT:
+            raise ValueError(f"{path} is not a {FORMAT} file")
+        header, records = lines[0], lines[1:]
+    journal = journal_path(path)
+    if journal.exists():
+        with open(journal, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    break  # the line a killed run was writing
+                if row.get("format") == FORMAT:
+                    header = header or row
+                else:
+                    records.append(row)
+    seen: set[str] = set()
+    unique = [r for r in records if not (r["id"] in seen or seen.add(r["id"]))]
+    return header, unique
+
+
+def journal_path(out: Path) -> Path:
+    return out.with_name(out.name + ".journal.jsonl")
