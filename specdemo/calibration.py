@@ -20,7 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets" / "calibration"
+from specdemo import ASSETS as PACKAGE_ASSETS
+
+ASSETS = PACKAGE_ASSETS / "calibration"
 FORMAT = "specdemo-calibration"
 MAX_DEPTH = 4  # depths past this share one table: few nodes get there
 MIN_BIN = 40  # nodes per score bin before the isotonic fit: keeps a bin's rate from being one lucky run

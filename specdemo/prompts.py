@@ -11,8 +11,10 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+from specdemo import ASSETS as PACKAGE_ASSETS
+
 HUMANEVAL_WRAP = "Complete this Python function:\n```python\n{prompt}```"
-ASSET_PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "prompts"
+ASSET_PROMPTS = PACKAGE_ASSETS / "prompts"
 MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 SPEC_BENCH_GROUPS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
 

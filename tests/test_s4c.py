@@ -192,8 +192,8 @@ def test_artifact_round_trip_and_refusal(tiny, tiny_llama, tmp_path):
         make_drafter("s4c", tiny_llama, heads=str(tmp_path / "h"), tree="bogus")
 
 
-@pytest.mark.skipif(not (EMBEDDED_HEADS / "model.safetensors").exists(), reason="shipped heads not built")
 def test_embedded_shipped_heads_lossless(embedded):
+    assert (EMBEDDED_HEADS / "model.safetensors").exists(), "the shipped heads are missing"
     prompt = embedded.encode_prompt("Write a Python function that returns the sum of a list of numbers.")
     assert unavailable_reason("s4c", embedded) is None
     for sampling in (SamplingConfig(), SamplingConfig(temperature=0.7, top_p=0.9, seed=1)):

@@ -18,6 +18,7 @@ from specdemo.drafters.sdsat.adapter import (
 from specdemo.drafters.sdsat.drafter import SDSATDrafter
 from specdemo.engine import GenerationConfig, run_to_end, tree_forward
 from specdemo.kvcache import KVCache
+from specdemo.offline.corpus import read_records
 from specdemo.offline.train_sdsat import (
     TrainConfig,
     build_probes,
@@ -25,7 +26,6 @@ from specdemo.offline.train_sdsat import (
     probe_logits,
     train,
 )
-from specdemo.offline.corpus import read_records
 from specdemo.sampling import SamplingConfig
 from specdemo.tree import DraftTree, TreeBuffers
 
@@ -332,8 +332,7 @@ def test_published_fine_tunes_verify_with_themselves(tiny_llama, monkeypatch):
 
 # ---------------------------------------------------------------- the shipped adapter on the embedded model
 def test_embedded_shipped_adapter_lossless(embedded):
-    if not (default_artifact_dir(embedded) / "sdsat_config.json").exists():
-        pytest.skip("no shipped SDSAT adapter for the embedded model")
+    assert (default_artifact_dir(embedded) / "sdsat_config.json").exists(), "the shipped adapter is missing"
     from specdemo.drafters import unavailable_reason
 
     assert unavailable_reason("sdsat", embedded) is None

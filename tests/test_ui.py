@@ -7,7 +7,6 @@ import threading
 import pytest
 
 from specdemo.app.page import MODEL_WORK, QUEUE_SIZE, _options, on_generate
-from specdemo.drafters import all_knobs
 from specdemo.app.plots import plots
 from specdemo.app.race import TextBuilder, summarize
 from specdemo.app.render import (
@@ -19,6 +18,7 @@ from specdemo.app.render import (
     tree_html,
 )
 from specdemo.app.session import RaceRecord, RaceRequest, record_json, run_race
+from specdemo.drafters import all_knobs
 from specdemo.engine import StepEvent
 from specdemo.tree import DraftTree
 

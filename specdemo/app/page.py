@@ -10,12 +10,12 @@ import os
 import tempfile
 import threading
 import time
-from pathlib import Path
 
 import gradio as gr
 import pandas as pd
 
-from specdemo.app.plots import plot_updates, plots, refresh_plots
+from specdemo import ASSETS
+from specdemo.app.plots import plots
 from specdemo.app.render import (
     bench_bars_html,
     header_html,
@@ -31,6 +31,7 @@ from specdemo.app.session import (
     MODELS,
     MODES,
     ZERO_GPU,
+    RaceRecord,
     RaceRequest,
     UserError,
     availability,
@@ -51,7 +52,6 @@ from specdemo.target import (
     EMBEDDED,
 )
 
-ASSETS = Path(__file__).resolve().parent.parent.parent / "assets"
 MODEL_CHOICES = (
     EMBEDDED,
     "HuggingFaceTB/SmolLM2-360M-Instruct",
@@ -419,3 +419,25 @@ def launch_kwargs() -> dict:
                                 font_mono=["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace"]),
         "css_paths": [ASSETS / "style.css"],
     }
+
+
+def plot_updates(rec: RaceRecord) -> tuple:
+    """The three plots as updates.  Each carries a caption that changes with the data: a changed caption makes Gradio
+    re-embed the chart (a bare data swap keeps stale scales); the categorical x axes get their numeric order."""
+    curve, hist, times = plots(rec)
+    ar, spec = rec.runs["ar"], rec.runs["spec"]
+    verify = sorted(e.verify_s for e in spec.events[1:]) or [0.0]  # step 1 also reads the prompt
+    draft = sorted(e.draft_s for e in spec.events[1:]) or [0.0]
+    return (
+        gr.LinePlot(value=curve, caption=f"autoregressive: {ar.n_tokens} tokens in {ar.compute_s:.2f} s · "
+                                         f"speculative: {spec.n_tokens} tokens in {spec.compute_s:.2f} s"),
+        gr.BarPlot(value=hist, sort=list(hist["tokens per step"]),
+                   caption=f"{spec.forwards} steps · τ = {spec.tau:.2f} tokens per target forward"),
+        gr.BarPlot(value=times, sort=list(dict.fromkeys(times["step"])),
+                   caption=f"median draft {1e3 * draft[len(draft) // 2]:.1f} ms · median verify "
+                           f"{1e3 * verify[len(verify) // 2]:.0f} ms (steps 2+)"),
+    )
+
+
+def refresh_plots(rec: RaceRecord | None) -> tuple:
+    return plot_updates(rec) if rec is not None else (gr.skip(),) * 3

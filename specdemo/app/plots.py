@@ -1,9 +1,8 @@
-"""The live plots: tokens vs compute time, tokens per step, draft vs verify time per step."""
+"""The live plots' data: tokens vs compute time, tokens per step, draft vs verify time per step (frames, no gradio)."""
 from __future__ import annotations
 
 from collections import Counter
 
-import gradio as gr
 import pandas as pd
 
 from specdemo.app.race import Run
@@ -28,28 +27,6 @@ def plots(rec: RaceRecord | None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFr
     return (_frame(curve, {"run": str, "compute (s)": float, "tokens": int}),
             _frame(hist, {"tokens per step": str, "steps": int}),
             _frame(times, {"step": str, "ms": float, "phase": str}))
-
-
-def plot_updates(rec: RaceRecord) -> tuple:
-    """The three plots as updates.  Each carries a caption that changes with the data: a changed caption makes Gradio
-    re-embed the chart (a bare data swap keeps stale scales); the categorical x axes get their numeric order."""
-    curve, hist, times = plots(rec)
-    ar, spec = rec.runs["ar"], rec.runs["spec"]
-    verify = sorted(e.verify_s for e in spec.events[1:]) or [0.0]  # step 1 also reads the prompt
-    draft = sorted(e.draft_s for e in spec.events[1:]) or [0.0]
-    return (
-        gr.LinePlot(value=curve, caption=f"autoregressive: {ar.n_tokens} tokens in {ar.compute_s:.2f} s · "
-                                         f"speculative: {spec.n_tokens} tokens in {spec.compute_s:.2f} s"),
-        gr.BarPlot(value=hist, sort=list(hist["tokens per step"]),
-                   caption=f"{spec.forwards} steps · τ = {spec.tau:.2f} tokens per target forward"),
-        gr.BarPlot(value=times, sort=list(dict.fromkeys(times["step"])),
-                   caption=f"median draft {1e3 * draft[len(draft) // 2]:.1f} ms · median verify "
-                           f"{1e3 * verify[len(verify) // 2]:.0f} ms (steps 2+)"),
-    )
-
-
-def refresh_plots(rec: RaceRecord | None) -> tuple:
-    return plot_updates(rec) if rec is not None else (gr.skip(),) * 3
 
 
 def _frame(rows: list[dict], dtypes: dict) -> pd.DataFrame:

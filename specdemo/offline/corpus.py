@@ -10,9 +10,9 @@ import gzip
 import json
 from pathlib import Path
 
+from specdemo import ASSETS
 from specdemo.offline.sharegpt import is_heldout_record
 
-ASSETS = Path(__file__).resolve().parent.parent.parent / "assets"
 PROMPTS_PATH = ASSETS / "corpus" / "prompts.jsonl"
 SELFDISTILL_PATH = ASSETS / "corpus" / "selfdistill.jsonl.gz"
 SHAREGPT_DISTILL_PATH = ASSETS / "corpus" / "sharegpt_distill.jsonl.gz"  # `python -m specdemo distill`, see README

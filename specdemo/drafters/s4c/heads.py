@@ -46,9 +46,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from specdemo import ASSETS as PACKAGE_ASSETS
+
 FORMAT = "specdemo-s4c"
 VERSION = 1
-ASSETS = Path(__file__).resolve().parent.parent / "assets" / "s4c"
+ASSETS = PACKAGE_ASSETS / "s4c"
 EMBEDDED_HEADS = ASSETS / "smollm2-135m-instruct"
 
 

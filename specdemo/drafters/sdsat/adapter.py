@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from specdemo import ASSETS as PACKAGE_ASSETS
+
 FORMAT = "specdemo-sdsat"
 VERSION = 1
 ADAPTER_FILE = "adapter_model.safetensors"
@@ -34,7 +36,7 @@ EMBED_FILE = "sdsat_embedding.safetensors"
 CONFIG_FILE = "sdsat_config.json"
 PEFT_CONFIG_FILE = "adapter_config.json"
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-ASSETS = Path(__file__).resolve().parent.parent / "assets" / "sdsat"
+ASSETS = PACKAGE_ASSETS / "sdsat"
 
 
 class AdapterError(RuntimeError):
