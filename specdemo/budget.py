@@ -23,7 +23,7 @@ import torch
 GPU_BUDGET = 64
 DEFAULT_SIZES = (0, 1, 2, 4, 8, 16, 32)  # larger trees: extrapolated (cost_at); never worth it on CPU
 CURVE_SIZES = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # the curve per-step tree sizing reads (cut_to_cost)
-# What a REST-style tree buys per node budget on the embedded model (store + context, greedy; shared/notes/rest.md)
+# What a REST-style tree buys per node budget on the embedded model (store + context, greedy; scripts/rest_tau.py)
 DEFAULT_EXPECTED_TAU = {1: 1.35, 2: 1.5, 4: 1.62, 8: 1.75, 16: 1.85, 32: 1.9, 64: 1.93}
 
 _lock = threading.Lock()

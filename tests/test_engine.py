@@ -346,3 +346,28 @@ def test_bench_runs_labelled_variants_side_by_side(tiny_llama):
     assert list(res["methods"]) == ["ar", "pld", "pld:short"]
     assert all(m["identical"] == 1.0 for m in res["methods"].values())
     assert all(m["tau"] >= 1.0 for m in res["methods"].values())
+
+
+def test_evicting_a_model_frees_it(tiny_llama):
+    """What a race loads for a model (cost curves, drafter state) lives on the Target: once the model cache drops
+    it and the race is over, nothing else holds the weights."""
+    import gc
+    import weakref
+
+    from specdemo.app.session import ModelCache
+    from specdemo.drafters import make_drafter
+    from specdemo.engine import GenerationConfig, run_to_end
+
+    path = tiny_llama.model.config._name_or_path or tiny_llama.name
+    cache = ModelCache(keep=1)
+    target = cache.get(path)
+    assert target is not tiny_llama
+    ids = target.encode_prompt("one two three one two three")
+    run_to_end(target, ids, make_drafter("pld", target), GenerationConfig(max_new_tokens=8))
+    assert target.artifacts, "the race measured a cost curve and kept it on the model"
+    model = weakref.ref(target.model)
+    del target
+    cache.put("other", tiny_llama)  # keep=1: the loaded model is evicted
+    cache.get("other")
+    gc.collect()
+    assert model() is None, "an evicted model must be freed"

@@ -68,10 +68,7 @@ class ModelCache:
             if name in self._targets:
                 self._targets.move_to_end(name)
                 return self._targets[name]
-            while len(self._targets) >= self.keep:
-                self._targets.popitem(last=False)
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
+            self._make_room()
             target = load_target(name)
             if name == EMBEDDED:  # a no-op when current; `make setup` builds it before the app starts
                 ensure_default(target)
@@ -81,7 +78,17 @@ class ModelCache:
     def put(self, name: str, target: Target) -> None:
         """Share an already loaded target (tests, or a host app that loaded it)."""
         with self._lock:
+            if name not in self._targets:
+                self._make_room()
             self._targets[name] = target
+
+    def _make_room(self) -> None:
+        """Drop the least recently used targets until one more fits; what drafters loaded for a model lives on its
+        Target, so dropping it frees all of it."""
+        while len(self._targets) >= self.keep:
+            self._targets.popitem(last=False)
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
 
 
 MODELS = ModelCache()
@@ -273,8 +280,8 @@ def race_api(prompt: str, method: str = "pld", model: str = EMBEDDED, max_new_to
              options: dict | None = None) -> dict:
     """Race plain decoding against `method` on `prompt`; streams a dict after every step, the last one final.
 
-    Keys: status (running|done|stopped|error), message, model, method, ar / spec (text, new_tokens, elapsed_s,
-    tokens_per_s, forwards, accept_lengths; spec also spans: [{text, step, accepted_draft, source}]), summary
+    Keys: status (running|done|stopped|error), message, model, method, ar / spec (text, new_tokens, wall_time,
+    tokens_per_s, decoding_steps, accept_lengths, tau, done; spec also spans: [{text, step, accepted_draft, source}]), summary
     (speedup, tau, forwards_saved, identical, complete) and, in the final dict, run (the exported JSON).
     """
     req = RaceRequest(prompt or "", (method or "pld").lower().strip(), model or EMBEDDED, int(max_new_tokens),
@@ -283,17 +290,20 @@ def race_api(prompt: str, method: str = "pld", model: str = EMBEDDED, max_new_to
         yield api_view(rec)
 
 
-def api_view(rec: RaceRecord) -> dict:
-    def run_view(key: str) -> dict:
-        run = rec.runs[key]
-        return {"text": rec.texts[key], "new_tokens": run.n_tokens, "elapsed_s": run.compute_s,
-                "tokens_per_s": run.tokens_per_s, "forwards": run.forwards, "accept_lengths": run.accept_lengths,
-                "done": run.done}
+LIVE_FIELDS = ("text", "new_tokens", "wall_time", "tokens_per_s", "decoding_steps", "accept_lengths", "tau")
 
+
+def api_view(rec: RaceRecord) -> dict:
+    """What `/race` streams: record_json's per-run fields (the same names as the export) for the two panes, the spec
+    pane's highlighted spans, and the whole export once the race is over."""
+    record = record_json(rec)
+    panes = {}
+    for key, method in (("ar", "ar"), ("spec", rec.request.method)):
+        panes[key] = {k: record["runs"][method][k] for k in LIVE_FIELDS} | {"done": rec.runs[key].done}
     out = {"status": rec.status, "message": rec.message, "model": rec.model, "method": rec.request.method,
-           "ar": run_view("ar"), "spec": run_view("spec"), "summary": record_json(rec)["summary"]}
+           **panes, "summary": record["summary"]}
     out["spec"]["spans"] = [{"text": p.text, "step": p.step + 1, "accepted_draft": p.from_draft, "source": p.source}
                             for p in TextBuilder.groups_of(rec.pieces["spec"]) if p.text]
     if not rec.active:
-        out["run"] = record_json(rec)
+        out["run"] = record
     return out
