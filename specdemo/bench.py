@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 
 from specdemo.budget import cost_curves, pin_cost_curves
-from specdemo.drafters import make_drafter
+from specdemo.drafters import METHODS, make_drafter
 from specdemo.engine import GenerationConfig, generate
 from specdemo.sampling import SamplingConfig
 from specdemo.target import Target
@@ -212,7 +212,7 @@ def _parse_options(items: list[str]) -> dict[str, dict]:
 def register(sub) -> None:
     p = sub.add_parser("bench", help="benchmark methods side by side on a prompt set")
     p.add_argument("--model", default="embedded", help="'embedded', a hub id or a local path")
-    p.add_argument("--methods", default="ar,pld", help="comma list of ar,pld,rest,s4c,sdsat,hf,hf-pld; "
+    p.add_argument("--methods", default="ar,pld", help=f"comma list of {','.join(METHODS + HF_METHODS)}; "
                    "METHOD:LABEL runs a labelled variant (options via --option METHOD:LABEL.NAME=VALUE)")
     p.add_argument("--prompts", default="humaneval", help="humaneval | chat | spec_bench | PATH.jsonl")
     p.add_argument("--limit", type=int, default=None,

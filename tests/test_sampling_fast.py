@@ -1,4 +1,5 @@
-"""choose_tokens against the straightforward full-vocabulary implementation it replaces (kept here as the reference).
+"""choose_tokens against the straightforward full-vocabulary definition: filter_logits over every row, then the
+argmax of filtered / T + noise (the reference below).
 
 The fast path decides top-k / top-p from a few candidates per row and takes the noise's logs only at kept tokens; it
 must return the reference's tokens exactly, including where float32 rounding or equal logits decide the top-p cut.
@@ -14,24 +15,15 @@ import pytest
 import torch
 
 from specdemo import sampling
-from specdemo.sampling import SamplingConfig, choose_tokens, position_noise
+from specdemo.sampling import (
+    SamplingConfig,
+    choose_tokens,
+    filter_logits,
+    position_noise,
+)
 
 
 # ---------------------------------------------------------------- the reference: every row over the whole vocabulary
-def ref_filter_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
-    logits = logits / cfg.temperature
-    if cfg.top_k and cfg.top_k < logits.shape[-1]:
-        kth = torch.topk(logits, cfg.top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if cfg.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
-        cum = sorted_logits.softmax(-1).cumsum(-1)
-        drop_sorted = cum - sorted_logits.softmax(-1) >= cfg.top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits
-
-
 def ref_position_noise(seed: int, position: int, vocab: int) -> torch.Tensor:
     key = int.from_bytes(hashlib.blake2b(f"{seed}:{position}".encode(), digest_size=8).digest(), "little")
     u = torch.rand(vocab, generator=torch.Generator().manual_seed(key & 0x7FFF_FFFF_FFFF_FFFF), dtype=torch.float64)
@@ -41,7 +33,7 @@ def ref_position_noise(seed: int, position: int, vocab: int) -> torch.Tensor:
 def ref_choose_tokens(logits: torch.Tensor, positions: list[int], cfg: SamplingConfig) -> list[int]:
     if cfg.greedy:
         return logits.argmax(-1).tolist()
-    filtered = ref_filter_logits(logits.float(), cfg).cpu().double()
+    filtered = filter_logits(logits.float(), cfg).cpu().double()
     noise_by_pos: dict[int, torch.Tensor] = {}
     out = []
     for row, pos in zip(filtered, positions):
@@ -119,7 +111,7 @@ def test_float16_and_bfloat16_logits():
 def paths(monkeypatch):
     """Counts the rows that leave the candidate path: sorted (cut too close to call) or sent to filter_logits."""
     counts = {"sorted": 0, "reference": 0}
-    sorted_cut, filter_logits = sampling._sorted_cut, sampling.filter_logits
+    sorted_cut = sampling._sorted_cut
 
     def counting_sorted_cut(masked, top_p):
         counts["sorted"] += masked.shape[0]
@@ -231,7 +223,7 @@ def test_sampled_frequencies_follow_the_filtered_distribution():
     n = per_seed * seeds
     for cfg in (SamplingConfig(1.0, 0.9, 0), SamplingConfig(0.7, 1.0, 5), SamplingConfig(1.3, 0.8, 6),
                 SamplingConfig(1.0, 1.0, 0)):
-        probs = ref_filter_logits(logits, cfg)[0].softmax(-1)
+        probs = filter_logits(logits, cfg)[0].softmax(-1)
         support = probs.nonzero().flatten().tolist()
         chosen = []
         for seed in range(seeds):  # one row per position: each row draws its own position's noise

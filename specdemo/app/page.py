@@ -43,6 +43,7 @@ from specdemo.app.session import (
 )
 from specdemo.drafters import (
     LABELS,
+    REGISTRY,
     Knob,
     all_knobs,
     knobs,
@@ -383,7 +384,7 @@ text is the model's own token. At the end: speedup, τ (tokens per forward pass)
 identical, as they must be. **Step by step** below replays every verification.
 """
 
-API_DOC = """
+API_DOC_HEAD = """
 ### Script a race with `gradio_client`
 
 The endpoint **`/race`** runs the same race as the page and streams a dict after every step (the last one is final).
@@ -406,9 +407,21 @@ print(final["summary"])    # speedup, tau, forwards_saved, identical, ...
 print(final["run"])        # the exported JSON: new_tokens, wall_time, accept_lengths per run
 ```
 
-Methods: `rest`, `s4c`, `sdsat`, `pld` (those available for the model). Errors come back as
-`{"status": "error", "message": ...}`, not as exceptions.
+Errors come back as `{"status": "error", "message": ...}`, not as exceptions. Methods (those available for the
+model) and the options the page offers (a drafter takes more, see README):
 """
+
+
+def methods_doc() -> str:
+    """One line per registered method: name, what it does, its options with their ranges (from the registry)."""
+    lines = []
+    for m in REGISTRY:
+        opts = ", ".join(f"`{k.option}` {k.minimum}–{k.maximum}" for k in knobs(m.name))
+        lines.append(f"- `{m.name}` ({m.label}): {m.summary}" + (f" · options: {opts}" if opts else ""))
+    return "\n".join(lines)
+
+
+API_DOC = API_DOC_HEAD + "\n" + methods_doc() + "\n"
 
 
 def launch_kwargs() -> dict:

@@ -37,11 +37,7 @@ from specdemo.target import (
 MODES = tuple(m.name for m in REGISTRY)  # the order the page shows them in
 DEFAULT_MODE_ORDER = tuple(m.name for m in sorted(REGISTRY, key=lambda m: m.default_rank))
 MAX_PROMPT_CHARS = 16_000  # before tokenising; the token limit itself comes from the model's context
-
-
 MAX_NEW_TOKENS = 512
-
-
 ZERO_GPU = bool(os.environ.get("SPACES_ZERO_GPU"))
 
 

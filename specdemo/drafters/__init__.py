@@ -55,7 +55,7 @@ class Method:
 
 
 REGISTRY: tuple[Method, ...] = (  # the order the page shows them in
-    Method("rest", "REST", "drafts retrieved from a datastore of text the model has seen", 0),
+    Method("rest", "REST", "drafts retrieved from a datastore of text and from the request itself", 0),
     Method("s4c", "S4C", "three draft heads on the target's features, a continuous verification tree", 2),
     Method("sdsat", "SDSAT", "adaptive tokens that draft the next tokens inside the verification forward", 3),
     Method("pld", "Prompt lookup", "copies what followed the last occurrence of the current n-gram", 1),
@@ -73,7 +73,7 @@ def module(method: str) -> ModuleType:
 
 
 def knobs(method: str) -> tuple[Knob, ...]:
-    return tuple(module(method).KNOBS) if method in BY_NAME else ()
+    return tuple(module(method).KNOBS)
 
 
 def all_knobs() -> tuple[Knob, ...]:

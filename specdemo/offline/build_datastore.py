@@ -27,7 +27,8 @@ from specdemo.drafters.rest.datastore import (
     dtype_for_vocab,
     separator_for,
 )
-from specdemo.offline.sharegpt import Decontaminator, is_heldout_record
+from specdemo.offline.corpus import read_corpus, split_heldout
+from specdemo.offline.sharegpt import Decontaminator
 
 TEXT_SUFFIXES = (".py", ".txt", ".md", ".jsonl", ".jsonl.gz")
 
@@ -358,10 +359,8 @@ _selfdistill_cache: dict[tuple, tuple[list[list[int]], str]] = {}
 
 
 def _read_selfdistill(path: Path, identity: str) -> tuple[list[list[int]], str]:
-    from specdemo.offline.corpus import read_corpus
-
     header, records = read_corpus(path)
-    records = [r for r in records if not is_heldout_record(r["id"])]  # held-out stays unseen
+    records = split_heldout(records)[0]  # held-out stays unseen
     if header.get("tokenizer") != identity or not records:
         return [], ""
     # the common tail of all chat-templated prompts ("<|im_end|>\n<|im_start|>assistant\n"): answers start after it

@@ -34,13 +34,13 @@ from specdemo.drafters.s4c.heads import (
     target_config_hash,
 )
 from specdemo.offline import corpus
-from specdemo.offline.sharegpt import is_heldout_record, split_name
+from specdemo.offline.sharegpt import split_name
 
 
 # ---------------------------------------------------------------------------------------------------------- data
 def read_records(paths: list[str]) -> list[dict]:
-    """Records {"key", "ids", "start"} (start = first answer position) for the unrolled training."""
-    return [{"key": r["id"], "ids": r["prompt_ids"] + r["answer_ids"], "start": len(r["prompt_ids"])}
+    """Records {"id", "ids", "start"} (start = first answer position) for the unrolled training."""
+    return [{"id": r["id"], "ids": r["prompt_ids"] + r["answer_ids"], "start": len(r["prompt_ids"])}
             for r in corpus.read_records(paths) if len(r["answer_ids"]) >= 4]
 
 
@@ -228,9 +228,7 @@ def train(args) -> int:
     if not records:
         log("no training records found")
         return 1
-    held = [r for r in records if is_heldout_record(r["key"])]  # the one split every trainer uses
-    held_ids = {id(r) for r in held}
-    train_recs = [r for r in records if id(r) not in held_ids] if held else records
+    train_recs, held = corpus.split_heldout(records)  # the one split every trainer uses
     held = [r for r in held if len(r["ids"]) <= args.max_len][: args.heldout_max]
     n_tok = sum(len(r["ids"]) - r["start"] for r in records)
     log(f"data: {len(records)} records ({len(train_recs)} train, {len(held)} held out), {n_tok} answer tokens, "
@@ -342,7 +340,7 @@ def train(args) -> int:
         cfg = json.loads((out / "config.json").read_text())
         cfg["heldout"] = ev
         for name in ("sharegpt", "project"):
-            part = [r for r in held if split_name(r["key"]) == name]
+            part = [r for r in held if split_name(r["id"]) == name]
             if part:
                 cfg[f"heldout_{name}"] = dict(evaluate(heads, part, feats, args, dev), records=len(part))
                 log(f"held-out final ({name}, {len(part)} records): {json.dumps(cfg[f'heldout_{name}'])}")

@@ -11,7 +11,7 @@ Format (a folder; version 1):
                    longest suffix match of a context is found by narrowing one range, one token at a time (16 binary
                    searches, each inside the last).  The continuation of entry e is tokens[e:e+10].  Only entries with
                    a real token on both sides (tokens[e-1], tokens[e] != SEP) are stored.
-    manifest.json  format, version, tokenizer identity (specdemo.models.tokenizer_identity), vocab size, dtype,
+    manifest.json  format, version, tokenizer identity (specdemo.target.tokenizer_identity), vocab size, dtype,
                    separator, documents, tokens, build time, sources, and size + sha256 of both arrays.
 
 Built offline (specdemo/offline/build_datastore.py): `python -m specdemo datastore build --model embedded --input

@@ -3,7 +3,7 @@
 Every step:
 1. Datastore: the longest suffix of prompt + output so far (16 down to 2 tokens) that occurs in the datastore; up to
    5000 of its occurrences, sampled evenly across the suffix-array range; the 10 tokens after each (never past a
-   document boundary).  See specdemo/datastore.py.
+   document boundary).  See datastore.py beside this file.
 2. Request (SuffixDecoding-style): the same longest-suffix search over prompt + output so far, all occurrences.
    REST alone cannot copy a variable name it has only seen in the prompt; this can.
 3. One weighted trie over both sets of continuations: a node's weight is the (weighted) number of continuations

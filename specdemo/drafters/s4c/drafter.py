@@ -1,6 +1,6 @@
 """S4C drafter: three autoregressive draft heads over the target's features + the continuous verification tree.
 
-See `specdemo/s4c.py` for the model and our reading of the paper.  Options:
+See `heads.py` beside this file for the model and our reading of the paper.  Options:
     heads   -- folder or hub repo id of trained heads (default: the shipped heads for the embedded model)
     tree    -- "s4c" (two top-1 chains, then top-k alternatives; default) | "chain" (one top-1 chain) |
                "eagle" (EAGLE-2 style: expand the topk best nodes per depth, keep the budget best overall)

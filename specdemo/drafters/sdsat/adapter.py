@@ -12,7 +12,7 @@ original model must stay the verifier, so the trained part is confined to adapti
 Adaptive tokens come after the context they draft from, and only adaptive tokens attend to adaptive tokens, so every
 standard position's hidden states, KV entries and logits are exactly the original model's.  One target forward can
 therefore verify the current draft AND draft the next step (probe chains hung off candidate accept points, see
-drafters/sdsat.py).
+drafter.py beside this file).
 
 Training: `specdemo/offline/train_sdsat.py` (`python -m specdemo train sdsat`).
 """
