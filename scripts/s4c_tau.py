@@ -50,7 +50,7 @@ def main(argv=None) -> int:
             opts["heads"] = args.heads
         new = steps = nodes = 0
         identical = 0
-        reached, accepted, n_steps = None, None, 0
+        tally = None
         for done, (ids, ref) in enumerate(zip(encoded, refs), 1):
             dr = make_drafter("s4c", target, **opts)
             toks, events = run_to_end(target, ids, dr, cfg)
@@ -58,16 +58,10 @@ def main(argv=None) -> int:
             new += len(toks)
             steps += len(events)
             nodes += sum(e.tree_size for e in events)
-            st = dr.stats
-            reached = st["reached"] if reached is None else [a + b for a, b in zip(reached, st["reached"])]
-            accepted = st["accepted"] if accepted is None else [a + b for a, b in zip(accepted, st["accepted"])]
-            n_steps += st["steps"]
+            tally = dr.tally if tally is None else tally + dr.tally
             print(f"  {kind}: {done}/{len(encoded)} prompts done, tau so far {new / steps:.3f} ({new}/{steps})",
                   flush=True)
-        cond, prev = [], n_steps
-        for a in accepted:
-            cond.append(round(a / prev, 3) if prev else 0.0)
-            prev = a
+        cond = [round(c, 3) for c in tally.conditional()]
         results[kind] = {"tau": round(new / steps, 3), "new_tokens": new, "steps": steps,
                          "mean_nodes": round(nodes / steps, 1), "identical": f"{identical}/{len(encoded)}",
                          "accept_depth_cond": cond}

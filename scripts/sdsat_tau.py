@@ -54,7 +54,7 @@ def main(argv=None) -> int:
             refs[p["id"]] = run_to_end(target, target.encode_prompt(p["prompt"]), None, cfg)[0]
     for loop in args.loops.split(","):
         tokens = forwards = nodes = 0
-        prop = acc = None
+        tally = None
         same = 0
         for p in prompts:
             opts = dict(k=args.k, loop=loop, branching=args.branching, chains=args.chains, lookup=args.lookup,
@@ -66,15 +66,11 @@ def main(argv=None) -> int:
             tokens += len(out)
             forwards += len(events)
             nodes += sum(len(e.tree) for e in events)
-            a = d.acceptance()
-            prop = prop or [0] * d.k
-            acc = acc or [0] * d.k
-            prop = [x + y for x, y in zip(prop, a["proposed_by_depth"])]
-            acc = [x + y for x, y in zip(acc, a["accepted_by_depth"])]
+            tally = d.tally if tally is None else tally + d.tally
             if args.check_identical:
                 same += out == refs[p["id"]]
-        cond = [(round(acc[i] / acc[i - 1], 3) if acc[i - 1] else None) if i else
-                (round(acc[0] / prop[0], 3) if prop[0] else None) for i in range(len(acc))]
+        acc, prop = tally.accepted, tally.reached
+        cond = [round(c, 3) for c in tally.conditional()]
         r = {"tau": round(tokens / forwards, 3), "tokens": tokens, "forwards": forwards,
              "mean_tree_nodes": round(nodes / forwards, 1), "accepted_by_depth": acc, "proposed_by_depth": prop,
              "conditional_acceptance_by_depth": cond}

@@ -18,10 +18,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from specdemo.engine import tree_forward  # noqa: E402
-from specdemo.kvcache import KVCache
+from specdemo.engine import prefilled_cache, trial_forward  # noqa: E402
 from specdemo.target import load_target  # noqa: E402
-from specdemo.tree import DraftTree, TreeBuffers  # noqa: E402
+from specdemo.tree import DraftTree  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -34,25 +33,19 @@ def main(argv=None) -> int:
     t = load_target(args.model)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(100, 30000, (args.context + args.max_nodes + 1,), generator=g).tolist()
-    cache = KVCache(capacity=args.context + args.max_nodes + 8)
     with torch.no_grad():
-        t.decoder(input_ids=torch.tensor([ids[: args.context - 1]], device=t.device), past_key_values=cache,
-                  use_cache=True)
-        past = cache.get_seq_length()
+        cache = prefilled_cache(t, ids[: args.context - 1], args.max_nodes + 8)
         times: dict[int, list[float]] = {n: [] for n in range(args.max_nodes + 1)}
         for rep in range(args.repeats + 1):  # the first pass warms up and is not counted
             for n in times:
                 # two chains plus siblings, the shape of the trained drafters' trees
                 tree = DraftTree(ids[args.context : args.context + n], [-1 if i < 2 else i - 2 for i in range(n)])
-                buf = TreeBuffers.build(tree, args.context - 1, t.device)
-                t.sync()
                 t0 = time.perf_counter()
-                hidden = tree_forward(t, cache, [ids[args.context - 1]] + tree.tokens, buf)
+                hidden, _ = trial_forward(t, cache, ids[args.context - 1], tree)
                 t.lm_head(hidden).argmax(-1).tolist()
                 t.sync()
                 if rep:
                     times[n].append(1e3 * (time.perf_counter() - t0))
-                cache.keep(past, [])
     base = min(times[0])
     print(json.dumps({n: round(min(v) / base, 2) for n, v in times.items()}))
     print(json.dumps({n: round(min(v), 1) for n, v in times.items()}))

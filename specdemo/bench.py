@@ -21,8 +21,10 @@ import torch
 from specdemo.budget import cost_curves, pin_cost_curves
 from specdemo.drafters import METHODS, make_drafter
 from specdemo.engine import GenerationConfig, generate
+from specdemo.prompts import has_groups, load_prompts, stratified
 from specdemo.sampling import SamplingConfig
-from specdemo.target import Target
+from specdemo.target import Target, load_target
+from specdemo.tree import DepthTally
 
 HF_METHODS = ("hf", "hf-pld")
 
@@ -138,8 +140,10 @@ def _figures(rs: list[dict], ar_tokens: dict, ar_tps: float) -> dict:
 
 def _acceptance_by_depth(accept_lengths: list[int], depth: int = 8) -> list[float]:
     """Share of steps that accepted >= d draft tokens, d = 1..depth (a step's accept length counts its own token)."""
-    n = len(accept_lengths)
-    return [round(sum(a - 1 >= d for a in accept_lengths) / n, 4) if n else 0.0 for d in range(1, depth + 1)]
+    tally = DepthTally(depth)
+    for a in accept_lengths:
+        tally.add(depth, a - 1)
+    return [round(s, 4) for s in tally.share()]
 
 
 def _tps(rs: list[dict]) -> float:
@@ -239,8 +243,6 @@ def register(sub) -> None:
 def select_prompts(prompts: list[dict], name: str, limit: int | None, per_group: int) -> list[dict]:
     """The CLI's choice of prompts: `per_group` from each group (stratified) when it is > 0, else the first `limit`
     (10 when None).  Checked before the model loads, so a wrong flag fails in a second, not after a download."""
-    from specdemo.prompts import has_groups, stratified
-
     if per_group < 0:
         raise ValueError("--per-group must be 0 (off) or positive")
     if per_group:
@@ -257,9 +259,6 @@ def select_prompts(prompts: list[dict], name: str, limit: int | None, per_group:
 
 
 def _cli(args) -> int:
-    from specdemo.prompts import load_prompts
-    from specdemo.target import load_target
-
     if args.threads:
         torch.set_num_threads(args.threads)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]

@@ -15,16 +15,17 @@ tree size from the measured curve, or it ends up slower than AR.
 from __future__ import annotations
 
 import threading
-import time
 from typing import Callable, Sequence
 
 import torch
 
+from specdemo.calibration import load as load_calibration
+from specdemo.engine import prefilled_cache, trial_forward
+from specdemo.tree import DraftTree
+
 GPU_BUDGET = 64
 DEFAULT_SIZES = (0, 1, 2, 4, 8, 16, 32)  # larger trees: extrapolated (cost_at); never worth it on CPU
 CURVE_SIZES = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # the curve per-step tree sizing reads (cut_to_cost)
-# What a REST-style tree buys per node budget on the embedded model (store + context, greedy; scripts/rest_tau.py)
-DEFAULT_EXPECTED_TAU = {1: 1.35, 2: 1.5, 4: 1.62, 8: 1.75, 16: 1.85, 32: 1.9, 64: 1.93}
 
 _lock = threading.Lock()
 CURVES = "verify_cost_curves"  # the key of {sizes: curve} in Target.artifacts
@@ -36,10 +37,6 @@ def verify_cost_curve(target, sizes=DEFAULT_SIZES, repeats: int = 5, context: in
     each n in `sizes`, after `context` committed tokens.  Measured once per loaded model and kept on it (or pinned
     by `pin_cost_curves`); sizes are interleaved across repeats and the minimum is kept, so a busy spell (which only
     ever adds time) does not distort the curve."""
-    from specdemo.engine import tree_forward
-    from specdemo.kvcache import KVCache
-    from specdemo.tree import DraftTree, TreeBuffers
-
     sizes = tuple(sorted(set(int(s) for s in sizes) | {0}))
     curves = target.artifacts.setdefault(CURVES, {})
     with _lock:
@@ -50,22 +47,12 @@ def verify_cost_curve(target, sizes=DEFAULT_SIZES, repeats: int = 5, context: in
         ids = torch.randint(100, vocab, (context + max(sizes) + 1,), generator=g).tolist()
         times: dict[int, list[float]] = {s: [] for s in sizes}
         with target.lock:
-            cache = KVCache(capacity=context + max(sizes) + 2)
-            target.decoder(input_ids=torch.tensor([ids[: context - 1]], device=target.device), past_key_values=cache,
-                           use_cache=True)
-            past = cache.get_seq_length()
-            root = ids[context - 1]
+            cache = prefilled_cache(target, ids[: context - 1], max(sizes) + 2)
             for rep in range(repeats + 1):  # the first pass warms up kernels and is not counted
                 for s in sizes:
-                    tree = DraftTree.chain(ids[context : context + s])
-                    buf = TreeBuffers.build(tree, context - 1, target.device)
-                    target.sync()
-                    t0 = time.perf_counter()
-                    tree_forward(target, cache, [root] + tree.tokens, buf)
-                    target.sync()
+                    _, seconds = trial_forward(target, cache, ids[context - 1], DraftTree.chain(ids[context : context + s]))
                     if rep:
-                        times[s].append(time.perf_counter() - t0)
-                    cache.keep(past, [])  # drop what this forward appended
+                        times[s].append(seconds)
         curve = {s: min(v) for s, v in times.items()}
         curves[sizes] = curve
         return dict(curve)
@@ -96,42 +83,40 @@ def relative_cost(curve: dict[int, float]) -> dict[int, float]:
     return out
 
 
-def cost_at(rel: dict[int, float], n: int) -> float:
-    """Relative cost of an n-node tree, linearly interpolated (and extrapolated past the largest size)."""
-    if n in rel:
-        return rel[n]
-    keys = sorted(rel)
-    if n >= keys[-1]:
+def interpolate(table: dict[int, float], n: int, extrapolate: bool = False) -> float:
+    """table[n], linear between the nearest sizes; past the largest size either extended along the last segment
+    (`extrapolate`: costs keep growing) or held at the last value (expected tau saturates)."""
+    if n in table:
+        return table[n]
+    keys = sorted(table)
+    if n < keys[0]:
+        return table[keys[0]]
+    if n > keys[-1]:
+        if not extrapolate or len(keys) < 2:
+            return table[keys[-1]]
         a, b = keys[-2], keys[-1]
     else:
         b = next(k for k in keys if k > n)
         a = max(k for k in keys if k < n)
-    return rel[a] + (rel[b] - rel[a]) * (n - a) / (b - a)
+    return table[a] + (table[b] - table[a]) * (n - a) / (b - a)
 
 
-def _interp(table: dict[int, float], n: int) -> float:
-    keys = sorted(table)
-    if n <= keys[0]:
-        return table[keys[0]]
-    if n >= keys[-1]:
-        return table[keys[-1]]
-    b = next(k for k in keys if k >= n)
-    a = max(k for k in keys if k <= n)
-    return table[a] if a == b else table[a] + (table[b] - table[a]) * (n - a) / (b - a)
+def cost_at(rel: dict[int, float], n: int) -> float:
+    """Relative cost of an n-node tree, interpolated from the measured sizes (and extrapolated past the largest)."""
+    return interpolate(rel, n, extrapolate=True)
 
 
-def pick_budget(target, expected_tau_by_size: dict[int, float] | None = None, sizes=DEFAULT_SIZES) -> int:
+def pick_budget(target, expected_tau_by_size: dict[int, float], sizes=DEFAULT_SIZES) -> int:
     """The node budget that maximises expected tokens per unit of cost: 64 on GPUs (as in REST); on CPU the argmax
     over measured sizes of expected_tau(n) / relative_cost(n).  Ties go to the smaller tree."""
     if target.device.type != "cpu":
         return GPU_BUDGET
-    tau = expected_tau_by_size or DEFAULT_EXPECTED_TAU
     rel = relative_cost(verify_cost_curve(target, sizes))
     best, best_rate = 0, 1.0  # size 0 = AR: one token per unit of cost
     for s in sorted(rel):
         if s == 0:
             continue
-        rate = _interp(tau, s) / rel[s]
+        rate = interpolate(expected_tau_by_size, s) / rel[s]
         if rate > best_rate * 1.01:
             best, best_rate = s, rate
     return best
@@ -158,11 +143,9 @@ def calibrated_cost(target, method: str, state, dynamic: bool, path=None):
     it should not: dynamic off, or no calibration for this model, method and decoding mode (raw confidences are not
     probabilities, so weighing them against the cost would cut wrongly).  path: another calibration file, or "none"
     for raw scores."""
-    from specdemo.calibration import load
-
     if path is not None and str(path) == "none":  # raw scores asked for (calibrate.py collects them)
         return None, None
-    cal = load(target.name, target.identity, method, not state.sampling.greedy, path)
+    cal = load_calibration(target.name, target.identity, method, not state.sampling.greedy, path)
     if not dynamic or cal is None:
         return cal, None
     return cal, relative_cost(verify_cost_curve(target, CURVE_SIZES))

@@ -2,22 +2,19 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
-COMMAND_MODULES = ("specdemo.bench", "specdemo.offline.calibrate", "specdemo.offline.build_datastore", "specdemo.offline.distill",
-                   "specdemo.offline.train")
+from specdemo import bench
+from specdemo.offline import build_datastore, calibrate, distill, train
+
+COMMANDS = (bench, calibrate, build_datastore, distill, train)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specdemo", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in COMMAND_MODULES:
-        try:
-            importlib.import_module(name).register(sub)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:  # a real missing dependency, not a command that is not built yet
-                raise
+    for module in COMMANDS:
+        module.register(sub)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

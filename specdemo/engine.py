@@ -242,6 +242,27 @@ def run_to_end(target: Target, prompt_ids: list[int], drafter: Drafter | None = 
     return [t for e in events for t in e.tokens], events
 
 
+def prefilled_cache(target: Target, ids: list[int], room: int) -> KVCache:
+    """A fresh KV cache holding `ids` (the committed tokens before a root), with `room` more positions."""
+    cache = KVCache(capacity=len(ids) + room)
+    target.decoder(input_ids=torch.tensor([ids], device=target.device), past_key_values=cache, use_cache=True)
+    return cache
+
+
+def trial_forward(target: Target, cache: KVCache, root: int, tree: DraftTree) -> tuple[torch.Tensor, float]:
+    """One verification forward over [root] + `tree` that leaves `cache` as it found it: the hidden states and the
+    forward's own seconds (synchronised).  The harness of cost measurements and model checks."""
+    past = cache.get_seq_length()
+    buf = TreeBuffers.build(tree, past, target.device)
+    target.sync()
+    t0 = time.perf_counter()
+    hidden = tree_forward(target, cache, [root] + tree.tokens, buf)
+    target.sync()
+    seconds = time.perf_counter() - t0
+    cache.keep(past, [])  # drop what this forward appended
+    return hidden, seconds
+
+
 def check_tree_support(target: Target) -> None:
     """Prove on this model that a tree forward (4D mask + position ids) gives the logits of plain sequential forwards.
 
@@ -249,10 +270,6 @@ def check_tree_support(target: Target) -> None:
     """
     if target.tree_ok:
         return
-    from specdemo.engine import tree_forward
-    from specdemo.kvcache import KVCache
-    from specdemo.tree import DraftTree, TreeBuffers
-
     g = torch.Generator().manual_seed(0)
     vocab = min(target.model.config.vocab_size, 1000)
     ctx = torch.randint(10, vocab, (12,), generator=g).tolist()
@@ -260,9 +277,7 @@ def check_tree_support(target: Target) -> None:
     tree = DraftTree(tokens=[ctx[5], ctx[6], ctx[7]], parents=[-1, 0, -1])
     try:
         with torch.no_grad():
-            cache = KVCache(capacity=32)
-            target.decoder(input_ids=torch.tensor([ctx[:-1]], device=target.device), past_key_values=cache, use_cache=True)
-            hidden = tree_forward(target, cache, ctx[-1:] + tree.tokens, TreeBuffers.build(tree, len(ctx) - 1, target.device))
+            hidden, _ = trial_forward(target, prefilled_cache(target, ctx[:-1], 8), ctx[-1], tree)
             got = target.lm_head(hidden).float()
             ref = []
             for seq in (ctx + [ctx[5], ctx[6]], ctx + [ctx[7]]):

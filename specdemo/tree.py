@@ -9,8 +9,41 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import torch
+
+
+def path_to(parents: Sequence[int], node: int) -> list[int]:
+    """Node indices from the root's child down to `node`, in a parent list where -1 is the root."""
+    path = []
+    while node >= 0:
+        path.append(node)
+        node = parents[node]
+    return path[::-1]
+
+
+def ancestor_mask(parents: Sequence[int]) -> torch.Tensor:
+    """(n, n) bool: row i is True at i and at each of its ancestors (`parents[i] < i`; -1 = none).
+
+    Every tree-shaped attention in the project is this matrix: the verification tree, a draft head's branches
+    hung after its committed rows, SDSAT's probe chains."""
+    n = len(parents)
+    allow = torch.zeros(n, n, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        if p >= 0:
+            allow[i] = allow[p]
+        allow[i, i] = True
+    return allow
+
+
+def additive_mask(allow: torch.Tensor, past: int, dtype: torch.dtype) -> torch.Tensor:
+    """Additive 4D mask (1, 1, n, past + m) for a forward over n new rows: all `past` cached positions visible, then
+    the (n, m) bool `allow` over the new rows; blocked entries get the dtype's minimum (what transformers expects)."""
+    n, m = allow.shape
+    full = torch.zeros(1, 1, n, past + m, dtype=dtype, device=allow.device)
+    full[0, 0, :, past:].masked_fill_(~allow, torch.finfo(dtype).min)
+    return full
 
 
 @dataclass
@@ -53,11 +86,25 @@ class DraftTree:
 
     def path_to(self, node: int) -> list[int]:
         """Node indices from the root's child down to `node`."""
-        path = []
-        while node >= 0:
-            path.append(node)
-            node = self.parents[node]
-        return path[::-1]
+        return path_to(self.parents, node)
+
+    def graft(self, chain: Sequence[int], source: str, score: float = 1.0) -> "DraftTree":
+        """This tree with `chain` merged in as a trie branch under the root: follow the nodes that already spell its
+        start, then hang the rest off the deepest of them (a lookup continuation next to a model's drafts)."""
+        node, i = -1, 0
+        while i < len(chain):
+            nxt = next((j for j, (t, p) in enumerate(zip(self.tokens, self.parents))
+                        if p == node and t == chain[i] and not self.is_probe(j)), None)
+            if nxt is None:
+                break
+            node, i = nxt, i + 1
+        tail = list(chain[i:])
+        if not tail:
+            return self
+        n = len(self)
+        extend = lambda xs, v: xs + [v] * len(tail) if xs is not None else None  # noqa: E731
+        return DraftTree(self.tokens + tail, self.parents + [node] + list(range(n, n + len(tail) - 1)),
+                         extend(self.sources, source), extend(self.probe, False), extend(self.scores, score))
 
     def prune(self, max_depth: int, max_nodes: int | None = None) -> "DraftTree":
         """Drop nodes deeper than max_depth (and past max_nodes, in order); keeps the tree topological."""
@@ -73,7 +120,8 @@ class DraftTree:
         return self.subtree(keep)
 
     def subtree(self, keep: list[int]) -> "DraftTree":
-        """The nodes `keep` (increasing indices, each node's parent kept too), re-indexed, in the same order."""
+        """The nodes `keep`, re-indexed in the order given: any order in which each node comes after its parent
+        (increasing indices always qualify), each node's parent kept too."""
         remap = {-1: -1, **{i: k for k, i in enumerate(keep)}}
         pick = lambda xs: [xs[i] for i in keep] if xs is not None else None  # noqa: E731
         return DraftTree([self.tokens[i] for i in keep], [remap[self.parents[i]] for i in keep],
@@ -106,8 +154,6 @@ class TreeBuffers:
 
     mask[i, j]  -- True where tree position i may attend to tree position j (ancestors and itself).
     positions   -- absolute position ids: committed length + depth.
-    paths       -- one row per leaf: tree positions from the root to that leaf, padded with -1
-                   (Medusa's "retrieve indices"), for visualisation and tests.
     children    -- per tree position, {token: tree position} of its draft (non-probe) children, for the walk.
     """
 
@@ -115,7 +161,6 @@ class TreeBuffers:
     depth: torch.Tensor
     mask: torch.Tensor
     positions: torch.Tensor
-    paths: torch.Tensor
     children: list[dict[int, int]] = field(repr=False)
 
     @classmethod
@@ -123,29 +168,53 @@ class TreeBuffers:
         n = len(tree) + 1
         parent = [-1] + [p + 1 for p in tree.parents]  # in tree positions (root = 0)
         depth = [0] * n
-        mask = torch.zeros(n, n, dtype=torch.bool)
-        mask[0, 0] = True
         children: list[dict[int, int]] = [{} for _ in range(n)]
-        is_leaf = [True] * n
         for i in range(1, n):
             p = parent[i]
             depth[i] = depth[p] + 1
-            mask[i] = mask[p]
-            mask[i, i] = True
-            is_leaf[p] = False
             if not tree.is_probe(i - 1):
                 children[p].setdefault(tree.tokens[i - 1], i)  # first of duplicate siblings wins
-        leaves = [i for i in range(n) if is_leaf[i]]
-        max_d = max(depth) + 1
-        paths = torch.full((len(leaves), max_d), -1, dtype=torch.long)
-        for r, leaf in enumerate(leaves):
-            chain = mask[leaf].nonzero().flatten()  # ancestors are in topological order
-            paths[r, : len(chain)] = chain
         depth_t = torch.tensor(depth, dtype=torch.long)
-        return cls(n, depth_t.to(device), mask.to(device), (depth_t + root_pos).to(device), paths, children)
+        return cls(n, depth_t.to(device), ancestor_mask(parent).to(device), (depth_t + root_pos).to(device), children)
 
     def attention_mask(self, past: int, dtype: torch.dtype) -> torch.Tensor:
         """Additive 4D mask (1, 1, n, past + n): the whole committed context plus ancestors-and-self in the tree."""
-        full = torch.zeros(1, 1, self.n, past + self.n, dtype=dtype, device=self.mask.device)
-        full[0, 0, :, past:].masked_fill_(~self.mask, torch.finfo(dtype).min)
-        return full
+        return additive_mask(self.mask, past, dtype)
+
+
+@dataclass
+class DepthTally:
+    """Acceptance by draft depth d = 1..depth over the steps of a run (or of many runs, with `+`): how many steps
+    sent a tree reaching d, and how many of them accepted at least d drafted tokens."""
+
+    depth: int
+    steps: int = 0
+    reached: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.reached = self.reached or [0] * self.depth
+        self.accepted = self.accepted or [0] * self.depth
+
+    def add(self, tree_depth: int, n_accepted: int) -> None:
+        self.steps += 1
+        for d in range(min(tree_depth, self.depth)):
+            self.reached[d] += 1
+            self.accepted[d] += n_accepted > d
+
+    def __add__(self, other: "DepthTally") -> "DepthTally":
+        return DepthTally(self.depth, self.steps + other.steps, [a + b for a, b in zip(self.reached, other.reached)],
+                          [a + b for a, b in zip(self.accepted, other.accepted)])
+
+    def share(self) -> list[float]:
+        """Share of all steps that accepted >= d drafts (what the acceptance-by-depth plots show)."""
+        return [a / self.steps if self.steps else 0.0 for a in self.accepted]
+
+    def given_reached(self) -> list[float | None]:
+        """P(accepted >= d | the tree reached depth d)."""
+        return [a / r if r else None for a, r in zip(self.accepted, self.reached)]
+
+    def conditional(self) -> list[float]:
+        """P(accepted >= d | accepted >= d-1): how the chain of acceptances decays with depth."""
+        prev = [self.steps] + self.accepted[:-1]
+        return [a / p if p else 0.0 for a, p in zip(self.accepted, prev)]

@@ -18,7 +18,7 @@ from specdemo.engine import (
 from specdemo.kvcache import KVCache
 from specdemo.sampling import SamplingConfig, choose_tokens, filter_logits
 from specdemo.target import ModelLoadError, UnsupportedForTree, load_target
-from specdemo.tree import DraftTree, TreeBuffers
+from specdemo.tree import DepthTally, DraftTree, TreeBuffers, ancestor_mask, path_to
 
 PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number.",
@@ -50,7 +50,7 @@ def test_tree_buffers_hand_built():
         [1, 0, 0, 1, 1, 1],
     ], dtype=torch.bool)
     assert torch.equal(buf.mask, expect)
-    assert buf.paths.tolist() == [[0, 1, 2, -1], [0, 3, 4, 5]]
+    assert [tree.path_to(i) for i in range(len(tree))] == [[0], [0, 1], [2], [2, 3], [2, 3, 4]]
     assert buf.children[0] == {10: 1, 12: 3} and buf.children[3] == {13: 4} and buf.children[5] == {}
     mask4d = buf.attention_mask(past=4, dtype=torch.float32)
     assert mask4d.shape == (1, 1, 6, 10)
@@ -371,3 +371,34 @@ def test_evicting_a_model_frees_it(tiny_llama):
     cache.get("other")
     gc.collect()
     assert model() is None, "an evicted model must be freed"
+
+
+def test_graft_follows_matching_nodes_and_hangs_the_rest():
+    tree = DraftTree(tokens=[10, 11, 12], parents=[-1, 0, -1], sources=["head1", "head2", "head1"],
+                     scores=[0.9, 0.5, 0.2])
+    grafted = tree.graft([10, 11, 20, 21], "context")
+    assert grafted.tokens == [10, 11, 12, 20, 21] and grafted.parents == [-1, 0, -1, 1, 3]
+    assert grafted.sources[3:] == ["context", "context"] and grafted.scores[3:] == [1.0, 1.0]
+    assert tree.graft([10, 11], "context") is tree  # nothing new to hang
+    assert DraftTree.empty().graft([5, 6], "context").parents == [-1, 0]
+    # a probe node never matches: the chain hangs off the root beside it
+    probed = DraftTree(tokens=[7], parents=[-1], probe=[True])
+    assert probed.graft([7], "context").parents == [-1, -1]
+
+
+def test_ancestor_mask_matches_paths():
+    parents = [-1, 0, 1, 0, -1, 4]
+    allow = ancestor_mask(parents)
+    for i in range(len(parents)):
+        assert allow[i].nonzero().flatten().tolist() == sorted(path_to(parents, i))
+
+
+def test_depth_tally():
+    tally = DepthTally(3)
+    tally.add(3, 0)
+    tally.add(3, 2)
+    tally.add(1, 1)
+    both = tally + tally
+    assert tally.reached == [3, 2, 2] and tally.accepted == [2, 1, 0] and both.steps == 6
+    assert tally.share() == [2 / 3, 1 / 3, 0.0] and tally.conditional() == [2 / 3, 0.5, 0.0]
+    assert tally.given_reached() == [2 / 3, 0.5, 0.0]

@@ -191,7 +191,7 @@ def test_unavailable_reason_and_errors_name_the_command(tmp_path):
     with pytest.raises(DrafterUnavailable, match="No datastore.*datastore build"):
         R.make(other, datastore=str(tmp_path / "missing"), budget=4, dynamic=False)
     assert R.make(other, datastore="none", budget=4, dynamic=False).store is None
-    assert B.pick_budget(FakeTarget(device="cuda")) == 64
+    assert B.pick_budget(FakeTarget(device="cuda"), {16: 2.0}) == 64
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -98,7 +98,7 @@ def test_tree_invariants(tiny_llama, kind):
             assert len(roots) >= 2
             for r in roots[:2]:
                 assert r in kids and any(c in kids for c in kids[r])
-    assert len(dr.acceptance_by_depth()) == 3
+    assert len(dr.tally.conditional()) == 3
 
 
 def test_losslessness_tiny(tiny):

@@ -4,12 +4,12 @@ The page never decodes by itself: it streams `session.run_race`'s records into t
 """
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import tempfile
 import threading
 import time
+from types import SimpleNamespace
 
 import gradio as gr
 import pandas as pd
@@ -44,7 +44,6 @@ from specdemo.app.session import (
 from specdemo.drafters import (
     LABELS,
     REGISTRY,
-    Knob,
     all_knobs,
     knobs,
 )
@@ -123,8 +122,9 @@ def _write_json(data: dict, prefix: str) -> str:
 def on_generate(model: str, method: str, prompt: str, max_new_tokens: float, temperature: float, top_p: float,
                 top_k: float, seed: float, *knobs, request: gr.Request | None = None):
     """The page's Generate: stream the race into both panes, the summary and (throttled) the plots."""
-    req = RaceRequest(prompt or "", method or "pld", model or EMBEDDED, int(max_new_tokens),
-                      SamplingConfig(float(temperature), float(top_p), int(top_k), int(seed or 0)), _options(method, knobs))
+    sampling = SamplingConfig(float(temperature), float(top_p), int(top_k), int(seed or 0))
+    req = RaceRequest(prompt or "", method or "pld", model or EMBEDDED, int(max_new_tokens), sampling,
+                      _options(method, knobs))
     stop = _STOPS.setdefault(_session(request), threading.Event())
     stop.clear()
     last_plot = 0.0
@@ -198,8 +198,6 @@ def on_bench(model: str, methods: list[str], prompt_labels: list[str], max_new_t
     """Run specdemo.bench over a few example prompts: a table, a speedup chart and the JSON."""
     empty = pd.DataFrame(columns=["method", "tok/s", "speedup", "τ", "identical", "draft ms", "verify ms"])
     try:
-        from specdemo.bench import run_bench
-
         if not methods:
             raise UserError("Pick at least one method to compare with autoregressive decoding.")
         chosen = [(c, p) for c, p in EXAMPLES if c in (prompt_labels or [])]
@@ -211,10 +209,8 @@ def on_bench(model: str, methods: list[str], prompt_labels: list[str], max_new_t
         def report(i: int, n: int, pid: str = "", method: str = "", *_) -> None:
             progress(i / max(n, 1), desc=f"{pid} · {LABELS.get(method, method)}")
 
-        kwargs = {"sampling": SamplingConfig(), "progress": None if ZERO_GPU else report}
-        if "warmup" in inspect.signature(run_bench).parameters:
-            kwargs["warmup"] = True
-        result = bench_on_device(target, list(methods), prompts, int(max_new_tokens), **kwargs)
+        result = bench_on_device(target, list(methods), prompts, int(max_new_tokens), sampling=SamplingConfig(),
+                                 progress=None if ZERO_GPU else report)
     except Exception as exc:  # noqa: BLE001
         msg = explain_error(exc)
         gr.Warning(msg)
@@ -235,6 +231,145 @@ def on_bench(model: str, methods: list[str], prompt_labels: list[str], max_new_t
 
 # -------------------------------------------------------------------------------------------------------- layout
 
+def _controls(ui: SimpleNamespace, default_model: str) -> None:
+    """Prompt and examples on the left; model, mode, settings and the race buttons on the right."""
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=5):
+            ui.prompt = gr.Textbox(value=EXAMPLES[0][1], label="Prompt", lines=7, max_lines=14,
+                                   placeholder="Ask something, or pick an example below", elem_id="sd-prompt")
+            gr.Examples([[p] for _, p in EXAMPLES], inputs=[ui.prompt], example_labels=[c for c, _ in EXAMPLES],
+                        label="Examples")
+            gr.Markdown(HOW_TO_READ, elem_classes=["sd-howto"])
+        with gr.Column(scale=4):
+            with gr.Row():
+                ui.model = gr.Dropdown(list(MODEL_CHOICES), value=default_model, allow_custom_value=True,
+                                       label="Model", info="embedded = SmolLM2-135M-Instruct, offline; or a hub id "
+                                       "or local folder", scale=4)
+                ui.load_btn = gr.Button("Load", scale=1, min_width=70, size="md", elem_id="sd-load")
+            ui.mode = gr.Radio([(LABELS.get(m, m), m) for m in MODES], value=None, label="Speculative mode",
+                               elem_id="sd-mode")
+            ui.modes_box = gr.HTML(modes_html({}), padding=False)
+            with gr.Accordion("Settings", open=False, elem_id="sd-settings"):
+                with gr.Row():
+                    ui.max_new = gr.Slider(1, MAX_NEW_TOKENS, value=128, step=1, label="Max new tokens")
+                    ui.seed = gr.Number(0, precision=0, label="Seed", minimum=0)
+                with gr.Row():
+                    ui.temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature", info="0 = greedy")
+                    ui.top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="Top-p")
+                    ui.top_k = gr.Slider(0, 200, value=0, step=1, label="Top-k", info="0 = off")
+                ui.sliders = {}
+                ui.groups = {}
+                for m in MODES:
+                    ks = list(knobs(m))
+                    if not ks:
+                        continue
+                    with gr.Group(visible=False) as ui.groups[m]:
+                        gr.Markdown(f"**{LABELS.get(m, m)} settings**", padding=True)
+                        with gr.Row():
+                            for k in ks:
+                                ui.sliders[k] = gr.Slider(k.minimum, k.maximum, value=k.value, step=1,
+                                                          label=k.label, info=k.info)
+                ui.knob_inputs = [ui.sliders[k] for k in all_knobs()]  # the order _options() reads them in
+            with gr.Row():
+                ui.gen_btn = gr.Button("Generate", variant="primary", elem_id="sd-generate", scale=3)
+                ui.stop_btn = gr.Button("Stop", variant="stop", elem_id="sd-stop", scale=1)
+
+
+def _race_view(ui: SimpleNamespace) -> None:
+    """Messages, the summary and the two panes of the race."""
+    ui.message = gr.HTML("", padding=False, elem_id="sd-message")
+    ui.summary = gr.HTML(summary_html(None), padding=False, elem_id="sd-summary")
+    with gr.Row(equal_height=True):
+        ui.ar_pane = gr.HTML(pane_html(None, "ar"), padding=False, elem_id="sd-ar")
+        ui.spec_pane = gr.HTML(pane_html(None, "spec"), padding=False, elem_id="sd-spec")
+
+
+def _tabs(ui: SimpleNamespace) -> None:
+    """Live plots, step by step, export, benchmark and API."""
+    with gr.Tabs():
+        with gr.Tab("Live plots"):
+            with gr.Row():
+                ui.curve_plot = gr.LinePlot(plots(None)[0], x="compute (s)", y="tokens", color="run",
+                                            title="Tokens vs own compute time", label="Tokens vs compute time",
+                                            color_map={"autoregressive": "#9ca3af", "speculative": "#6366f1"})
+                ui.hist_plot = gr.BarPlot(plots(None)[1], x="tokens per step", y="steps",
+                                          title="Tokens per step (accepted + 1)",
+                                          label="Accepted lengths", y_lim=[0, None])
+                ui.time_plot = gr.BarPlot(plots(None)[2], x="step", y="ms", color="phase",
+                                          title="Draft vs verify ms per step",
+                                          label="Draft vs verify", y_lim=[0, None],
+                                          color_map={"draft": "#f59e0b", "verify": "#6366f1"})
+        with gr.Tab("Step by step", elem_id="sd-steps"):
+            gr.Markdown("Walk through the speculative run one verification step at a time: the tree the drafter "
+                        "proposed, the path the target accepted, and the token that stopped it.")
+            with gr.Row():
+                ui.prev_btn = gr.Button("◀ Previous step", size="sm", scale=1)
+                ui.step = gr.Slider(1, 2, value=1, step=1, label="Step", interactive=False, scale=6)
+                ui.next_btn = gr.Button("Next step ▶", size="sm", variant="primary", scale=1, elem_id="sd-next")
+            ui.explanation = gr.Markdown(elem_id="sd-explain")
+            with gr.Row():
+                ui.tree_view = gr.HTML(padding=False)
+                ui.step_text = gr.HTML(padding=False)
+        with gr.Tab("Export"):
+            gr.Markdown("The last race as JSON: Spec-Bench fields (`new_tokens`, `wall_time`, `accept_lengths`) "
+                        "per run, plus method, model, settings and the summary. `wall_time` is each run's own "
+                        "compute time.")
+            ui.export_btn = gr.DownloadButton("Download run JSON", interactive=False)
+        with gr.Tab("Benchmark"):
+            gr.Markdown("Runs `specdemo.bench` (AR first, then each method, after a warm-up) on the chosen example "
+                        "prompts. Greedy; speedup is measured here, against AR in the same run.")
+            with gr.Row():
+                ui.bench_methods = gr.CheckboxGroup([], label="Methods")
+                ui.bench_prompts = gr.CheckboxGroup([c for c, _ in EXAMPLES], value=[c for c, _ in EXAMPLES[:3]],
+                                                    label="Prompts")
+                ui.bench_tokens = gr.Slider(8, 256, value=48, step=8, label="Max new tokens")
+            ui.bench_btn = gr.Button("Run benchmark", variant="primary")
+            ui.bench_note = gr.HTML(padding=False)
+            with gr.Row():
+                ui.bench_table = gr.Dataframe(interactive=False, label="Results", scale=3)
+                ui.bench_plot = gr.HTML("", padding=False, scale=2)
+            ui.bench_json = gr.DownloadButton("Download bench JSON", interactive=False)
+        with gr.Tab("API"):
+            gr.Markdown(API_DOC)
+
+
+def _wire(demo: gr.Blocks, ui: SimpleNamespace) -> None:
+    """Every event of the page, and the /race endpoint."""
+    load_outputs = [ui.header, ui.mode, ui.modes_box, ui.message, ui.avail_state, ui.bench_methods, ui.gen_btn]
+    model_work = dict(concurrency_id=MODEL_WORK, concurrency_limit=1)
+    demo.load(on_load_model, [ui.model, ui.mode], load_outputs, api_visibility="private", **model_work)
+    ui.load_btn.click(on_load_model, [ui.model, ui.mode], load_outputs, api_visibility="private", **model_work)
+    ui.model.input(on_load_model, [ui.model, ui.mode], load_outputs, api_visibility="private", **model_work)
+    ui.mode.change(on_mode, [ui.mode, ui.avail_state], [ui.gen_btn, ui.message], api_visibility="private",
+                   queue=False)
+    for m, g in ui.groups.items():
+        ui.mode.change(lambda x, m=m: gr.Group(visible=x == m), [ui.mode], [g], api_visibility="private", queue=False)
+
+    gen_outputs = [ui.ar_pane, ui.spec_pane, ui.summary, ui.message, ui.curve_plot, ui.hist_plot, ui.time_plot,
+                   ui.record_state, ui.step, ui.tree_view, ui.explanation, ui.step_text, ui.export_btn]
+    gen_inputs = [ui.model, ui.mode, ui.prompt, ui.max_new, ui.temperature, ui.top_p, ui.top_k, ui.seed,
+                  *ui.knob_inputs]
+    run_event = ui.gen_btn.click(generate_event, gen_inputs, gen_outputs, api_visibility="undocumented",
+                              api_name="generate", **model_work)
+    submit_event = ui.prompt.submit(generate_event, gen_inputs, gen_outputs, api_visibility="private", **model_work)
+    for event in (run_event, submit_event):  # redraw the plots once more: Gradio shows a re-embedded plot one
+        event.then(refresh_plots, [ui.record_state], [ui.curve_plot, ui.hist_plot, ui.time_plot],  # update late
+                   api_visibility="private", queue=False)
+    ui.stop_btn.click(on_stop, None, None, api_visibility="private", queue=False,
+                      cancels=[run_event] if ZERO_GPU else None)
+
+    ui.step.change(show_step, [ui.record_state, ui.step], [ui.tree_view, ui.explanation, ui.step_text],
+                   api_visibility="private", queue=False)
+    ui.prev_btn.click(lambda k: max(1, int(k) - 1), [ui.step], [ui.step], api_visibility="private", queue=False)
+    ui.next_btn.click(lambda k, r: min(int(k) + 1, len(r.runs["spec"].events) if r else 1),
+                      [ui.step, ui.record_state], [ui.step], api_visibility="private", queue=False)
+
+    ui.bench_btn.click(on_bench, [ui.model, ui.bench_methods, ui.bench_prompts, ui.bench_tokens],
+                       [ui.bench_table, ui.bench_plot, ui.bench_note, ui.bench_json], api_visibility="private",
+                       **model_work)
+    gr.api(race_api, api_name="race", **model_work)
+
+
 def build_demo(default_model: str = EMBEDDED) -> gr.Blocks:
     """The whole page.  Pass `launch_kwargs()` to `launch()` (Gradio 6 takes theme/css there)."""
     if os.environ.get("SPACE_ID"):
@@ -244,134 +379,12 @@ def build_demo(default_model: str = EMBEDDED) -> gr.Blocks:
             print(f"specdemo: could not preload {default_model}: {exc}", flush=True)
 
     with gr.Blocks(title="specdemo · speculative decoding, made visible") as demo:
-        avail_state = gr.State({})
-        record_state = gr.State(None)
-        header = gr.HTML(header_html(None, "loading model…"), padding=False)
-
-        with gr.Row(equal_height=False):
-            with gr.Column(scale=5):
-                prompt = gr.Textbox(value=EXAMPLES[0][1], label="Prompt", lines=7, max_lines=14,
-                                    placeholder="Ask something, or pick an example below", elem_id="sd-prompt")
-                gr.Examples([[p] for _, p in EXAMPLES], inputs=[prompt], example_labels=[c for c, _ in EXAMPLES],
-                            label="Examples")
-                gr.Markdown(HOW_TO_READ, elem_classes=["sd-howto"])
-            with gr.Column(scale=4):
-                with gr.Row():
-                    model = gr.Dropdown(list(MODEL_CHOICES), value=default_model, allow_custom_value=True,
-                                        label="Model", info="embedded = SmolLM2-135M-Instruct, offline; or a hub id "
-                                        "or local folder", scale=4)
-                    load_btn = gr.Button("Load", scale=1, min_width=70, size="md", elem_id="sd-load")
-                mode = gr.Radio([(LABELS.get(m, m), m) for m in MODES], value=None, label="Speculative mode",
-                                elem_id="sd-mode")
-                modes_box = gr.HTML(modes_html({}), padding=False)
-                with gr.Accordion("Settings", open=False, elem_id="sd-settings"):
-                    with gr.Row():
-                        max_new = gr.Slider(1, MAX_NEW_TOKENS, value=128, step=1, label="Max new tokens")
-                        seed = gr.Number(0, precision=0, label="Seed", minimum=0)
-                    with gr.Row():
-                        temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature", info="0 = greedy")
-                        top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="Top-p")
-                        top_k = gr.Slider(0, 200, value=0, step=1, label="Top-k", info="0 = off")
-                    sliders: dict[Knob, gr.Slider] = {}
-                    groups = {}
-                    for m in MODES:
-                        ks = list(knobs(m))
-                        if not ks:
-                            continue
-                        with gr.Group(visible=False) as groups[m]:
-                            gr.Markdown(f"**{LABELS.get(m, m)} settings**", padding=True)
-                            with gr.Row():
-                                for k in ks:
-                                    sliders[k] = gr.Slider(k.minimum, k.maximum, value=k.value, step=1,
-                                                           label=k.label, info=k.info)
-                    knob_inputs = [sliders[k] for k in all_knobs()]  # the order _options() reads them in
-                with gr.Row():
-                    gen_btn = gr.Button("Generate", variant="primary", elem_id="sd-generate", scale=3)
-                    stop_btn = gr.Button("Stop", variant="stop", elem_id="sd-stop", scale=1)
-        message = gr.HTML("", padding=False, elem_id="sd-message")
-        summary = gr.HTML(summary_html(None), padding=False, elem_id="sd-summary")
-        with gr.Row(equal_height=True):
-            ar_pane = gr.HTML(pane_html(None, "ar"), padding=False, elem_id="sd-ar")
-            spec_pane = gr.HTML(pane_html(None, "spec"), padding=False, elem_id="sd-spec")
-
-        with gr.Tabs():
-            with gr.Tab("Live plots"):
-                with gr.Row():
-                    curve_plot = gr.LinePlot(plots(None)[0], x="compute (s)", y="tokens", color="run",
-                                             title="Tokens vs own compute time", label="Tokens vs compute time",
-                                             color_map={"autoregressive": "#9ca3af", "speculative": "#6366f1"})
-                    hist_plot = gr.BarPlot(plots(None)[1], x="tokens per step", y="steps",
-                                           title="Tokens per step (accepted + 1)",
-                                           label="Accepted lengths", y_lim=[0, None])
-                    time_plot = gr.BarPlot(plots(None)[2], x="step", y="ms", color="phase",
-                                           title="Draft vs verify ms per step",
-                                           label="Draft vs verify", y_lim=[0, None],
-                                           color_map={"draft": "#f59e0b", "verify": "#6366f1"})
-            with gr.Tab("Step by step", elem_id="sd-steps"):
-                gr.Markdown("Walk through the speculative run one verification step at a time: the tree the drafter "
-                            "proposed, the path the target accepted, and the token that stopped it.")
-                with gr.Row():
-                    prev_btn = gr.Button("◀ Previous step", size="sm", scale=1)
-                    step = gr.Slider(1, 2, value=1, step=1, label="Step", interactive=False, scale=6)
-                    next_btn = gr.Button("Next step ▶", size="sm", variant="primary", scale=1, elem_id="sd-next")
-                explanation = gr.Markdown(elem_id="sd-explain")
-                with gr.Row():
-                    tree_view = gr.HTML(padding=False)
-                    step_text = gr.HTML(padding=False)
-            with gr.Tab("Export"):
-                gr.Markdown("The last race as JSON: Spec-Bench fields (`new_tokens`, `wall_time`, `accept_lengths`) "
-                            "per run, plus method, model, settings and the summary. `wall_time` is each run's own "
-                            "compute time.")
-                export_btn = gr.DownloadButton("Download run JSON", interactive=False)
-            with gr.Tab("Benchmark"):
-                gr.Markdown("Runs `specdemo.bench` (AR first, then each method, after a warm-up) on the chosen example "
-                            "prompts. Greedy; speedup is measured here, against AR in the same run.")
-                with gr.Row():
-                    bench_methods = gr.CheckboxGroup([], label="Methods")
-                    bench_prompts = gr.CheckboxGroup([c for c, _ in EXAMPLES], value=[c for c, _ in EXAMPLES[:3]],
-                                                     label="Prompts")
-                    bench_tokens = gr.Slider(8, 256, value=48, step=8, label="Max new tokens")
-                bench_btn = gr.Button("Run benchmark", variant="primary")
-                bench_note = gr.HTML(padding=False)
-                with gr.Row():
-                    bench_table = gr.Dataframe(interactive=False, label="Results", scale=3)
-                    bench_plot = gr.HTML("", padding=False, scale=2)
-                bench_json = gr.DownloadButton("Download bench JSON", interactive=False)
-            with gr.Tab("API"):
-                gr.Markdown(API_DOC)
-
-        # events ------------------------------------------------------------------------------------------------
-        load_outputs = [header, mode, modes_box, message, avail_state, bench_methods, gen_btn]
-        model_work = dict(concurrency_id=MODEL_WORK, concurrency_limit=1)
-        demo.load(on_load_model, [model, mode], load_outputs, api_visibility="private", **model_work)
-        load_btn.click(on_load_model, [model, mode], load_outputs, api_visibility="private", **model_work)
-        model.input(on_load_model, [model, mode], load_outputs, api_visibility="private", **model_work)
-        mode.change(on_mode, [mode, avail_state], [gen_btn, message], api_visibility="private",
-                    queue=False)
-        for m, g in groups.items():
-            mode.change(lambda x, m=m: gr.Group(visible=x == m), [mode], [g], api_visibility="private", queue=False)
-
-        gen_outputs = [ar_pane, spec_pane, summary, message, curve_plot, hist_plot, time_plot, record_state, step,
-                       tree_view, explanation, step_text, export_btn]
-        gen_inputs = [model, mode, prompt, max_new, temperature, top_p, top_k, seed, *knob_inputs]
-        run_event = gen_btn.click(generate_event, gen_inputs, gen_outputs, api_visibility="undocumented",
-                                  api_name="generate", **model_work)
-        submit_event = prompt.submit(generate_event, gen_inputs, gen_outputs, api_visibility="private", **model_work)
-        for event in (run_event, submit_event):  # redraw the plots once more: Gradio shows a re-embedded plot one
-            event.then(refresh_plots, [record_state], [curve_plot, hist_plot, time_plot],  # update late
-                       api_visibility="private", queue=False)
-        stop_btn.click(on_stop, None, None, api_visibility="private", queue=False,
-                       cancels=[run_event] if ZERO_GPU else None)
-
-        step.change(show_step, [record_state, step], [tree_view, explanation, step_text], api_visibility="private",
-                    queue=False)
-        prev_btn.click(lambda k: max(1, int(k) - 1), [step], [step], api_visibility="private", queue=False)
-        next_btn.click(lambda k, r: min(int(k) + 1, len(r.runs["spec"].events) if r else 1), [step, record_state],
-                       [step], api_visibility="private", queue=False)
-
-        bench_btn.click(on_bench, [model, bench_methods, bench_prompts, bench_tokens],
-                        [bench_table, bench_plot, bench_note, bench_json], api_visibility="private", **model_work)
-        gr.api(race_api, api_name="race", **model_work)
+        ui = SimpleNamespace(avail_state=gr.State({}), record_state=gr.State(None),
+                             header=gr.HTML(header_html(None, "loading model…"), padding=False))
+        _controls(ui, default_model)
+        _race_view(ui)
+        _tabs(ui)
+        _wire(demo, ui)
     demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=1)
     return demo
 
@@ -400,6 +413,7 @@ job = client.submit(
     {"num_tokens": 10},                     # options for the drafter
     api_name="/race",
 )
+from specdemo.bench import run_bench
 for update in job:                                   # streamed while racing
     print(update["status"], update["ar"]["new_tokens"], update["spec"]["new_tokens"])
 final = job.outputs()[-1]

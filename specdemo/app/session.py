@@ -15,6 +15,7 @@ import torch
 
 from specdemo import __version__
 from specdemo.app.race import Piece, Race, Run, Summary, TextBuilder, summarize
+from specdemo.bench import run_bench
 from specdemo.drafters import (
     LABELS,
     REGISTRY,
@@ -183,8 +184,6 @@ race_events = _gpu(_race_events)
 
 
 def _bench(*args, **kwargs) -> dict:
-    from specdemo.bench import run_bench
-
     return run_bench(*args, **kwargs)
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from specdemo.budget import cost_at, relative_cost, verify_cost_curve
 from specdemo.drafters import Knob
 from specdemo.engine import DecodeState, Drafter, Verified
 from specdemo.tree import DraftTree
@@ -44,8 +45,6 @@ class PromptLookupDrafter(Drafter):
 
     def begin(self, state: DecodeState, prompt_hidden) -> None:
         if self.adaptive and self.rel_cost is None:
-            from specdemo.budget import relative_cost, verify_cost_curve
-
             self.rel_cost = relative_cost(verify_cost_curve(state.target, (0, 1, 2, 4, 8, 16)))
         self.stats, self._shadows, self._hit = {}, [], False
 
@@ -64,8 +63,6 @@ class PromptLookupDrafter(Drafter):
         return (matched + 1) / (matched + misses + 2)
 
     def _best_length(self, situation: tuple[int, bool], longest: int) -> int:
-        from specdemo.budget import cost_at
-
         p = self.acceptance_rate(situation)
         best_k, best_rate, expected = 0, 1.0, 1.0
         for k in range(1, longest + 1):

@@ -27,8 +27,15 @@ from specdemo.drafters.rest.datastore import (
     dtype_for_vocab,
     separator_for,
 )
-from specdemo.offline.corpus import read_corpus, split_heldout
+from specdemo.offline.corpus import DISTILLED_CORPORA, read_corpus, split_heldout
 from specdemo.offline.sharegpt import Decontaminator
+from specdemo.target import (
+    EMBEDDED,
+    ModelLoadError,
+    embedded_dir,
+    load_target,
+    tokenizer_identity,
+)
 
 TEXT_SUFFIXES = (".py", ".txt", ".md", ".jsonl", ".jsonl.gz")
 
@@ -158,8 +165,6 @@ def load_tokenizer(model: str):
     """The tokenizer of a model name as `load_target` understands it, without loading any weights."""
     from transformers import AutoTokenizer
 
-    from specdemo.target import EMBEDDED, ModelLoadError, embedded_dir
-
     path = str(embedded_dir()) if model == EMBEDDED else model
     try:
         return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
@@ -202,6 +207,94 @@ def suffix_order(tokens: np.ndarray, separator: int) -> np.ndarray:
     return ends.astype(np.int32 if n < 2**31 - 1 else np.int64)
 
 
+class _Documents:
+    """The store's token array under construction: documents of checked token ids, each followed by the separator
+    (retrieval never matches across a document boundary)."""
+
+    def __init__(self, vocab: int) -> None:
+        self.vocab = vocab
+        self.dtype = dtype_for_vocab(vocab)
+        self.sep = separator_for(self.dtype)
+        self.sep_arr = np.array([self.sep], dtype=self.dtype)
+        self.parts: list[np.ndarray] = [self.sep_arr]
+        self.n_docs = self.n_tokens = 0
+
+    def add(self, ids: Sequence[int] | np.ndarray) -> None:
+        arr = np.asarray(ids, dtype=np.int64)
+        if not len(arr):
+            return
+        bad = (arr < 0) | (arr >= self.vocab)
+        if bad.any():
+            raise DatastoreError(
+                f"Token id {int(arr[bad][0])} is out of range for this tokenizer (vocabulary of {self.vocab}): the "
+                f"token ids were made with another tokenizer. Re-tokenise the corpus with this model's tokenizer.")
+        self.parts += [arr.astype(self.dtype), self.sep_arr]
+        self.n_docs += 1
+        self.n_tokens += len(arr)
+
+    def tokens(self) -> np.ndarray:
+        out = np.concatenate(self.parts)
+        self.parts = []  # the pieces would double the peak memory of a large build
+        return out
+
+
+def _tokenise(texts: Iterable[str], tokenizer, docs: _Documents, total_bytes: int | None, progress: bool,
+              batch_chars: int) -> None:
+    """Tokenise `texts` in batches of about `batch_chars` characters (the fast tokenizer runs a batch in parallel);
+    a long text is split into pieces and its ids joined again, so each text stays one document."""
+    encode = _encoder(tokenizer)
+    bar = None  # made on the first text (a build from token ids only shows no tokenising bar)
+    batch: list[str] = []
+    doc_ends: list[bool] = []  # per piece in the batch: last piece of its document?
+
+    def flush() -> None:
+        nonlocal bar
+        pending: list[list[int]] = []
+        for ids, last in zip(encode(batch), doc_ends):
+            pending.append(ids)
+            if last:
+                docs.add(list(itertools.chain.from_iterable(pending)) if len(pending) > 1 else pending[0])
+                pending = []
+        if bar is None:
+            bar = _progress(total_bytes, "tokenising", "B" if total_bytes else "docs", progress)
+        bar.update(sum(len(t.encode("utf-8", errors="replace")) for t in batch) if total_bytes else len(batch))
+        batch.clear()
+        doc_ends.clear()
+
+    batch_len = 0
+    for text in texts:
+        pieces = _split_long(text)
+        batch += pieces
+        doc_ends += [k == len(pieces) - 1 for k in range(len(pieces))]
+        batch_len += sum(map(len, pieces))
+        if batch_len >= batch_chars and doc_ends[-1]:
+            flush()
+            batch_len = 0
+    if batch:
+        flush()
+    if bar is not None:
+        bar.close()
+
+
+def _write_store(out_dir: Path, tokens: np.ndarray, sa: np.ndarray, manifest: dict, t_start: float) -> dict:
+    """Write tokens.npy + sa.npy + manifest.json into a temp folder next to `out_dir`, then rename it into place, so
+    a reader never sees a half-written store.  The manifest's build time runs from `t_start` to the last file."""
+    tmp = out_dir.with_name(out_dir.name + f".tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    np.save(tmp / "tokens.npy", tokens)
+    np.save(tmp / "sa.npy", sa)
+    manifest["files"] = {name: {"bytes": (tmp / name).stat().st_size, "sha256": _sha256(tmp / name)}
+                         for name in ("tokens.npy", "sa.npy")}
+    manifest["build_seconds"] = round(time.perf_counter() - t_start, 2)
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp.rename(out_dir)
+    return manifest
+
+
 def build(
     out_dir: str | Path,
     tokenizer,
@@ -216,111 +309,39 @@ def build(
     """Tokenise `texts` (batched, parallel) and append `token_docs` (already token ids of this tokenizer), one document
     each; write tokens.npy + sa.npy + manifest.json into `out_dir` (atomically: a temp folder renamed at the end).
     Returns the manifest."""
-    from specdemo.target import tokenizer_identity
-
     t_start = time.perf_counter()
-    out_dir = Path(out_dir)
-    vocab = len(tokenizer)
-    dtype = dtype_for_vocab(vocab)
-    sep = separator_for(dtype)
-    encode = _encoder(tokenizer)
-    parts: list[np.ndarray] = [np.array([sep], dtype=dtype)]
-    n_docs = n_tokens = 0
-    sep_arr = parts[0]
-
-    def add(ids: Sequence[int] | np.ndarray) -> None:
-        nonlocal n_docs, n_tokens
-        arr = np.asarray(ids, dtype=np.int64)
-        if not len(arr):
-            return
-        bad = (arr < 0) | (arr >= vocab)
-        if bad.any():
-            raise DatastoreError(
-                f"Token id {int(arr[bad][0])} is out of range for this tokenizer (vocabulary of {vocab}): the token "
-                f"ids were made with another tokenizer. Re-tokenise the corpus with this model's tokenizer.")
-        parts.append(arr.astype(dtype))
-        parts.append(sep_arr)
-        n_docs += 1
-        n_tokens += len(arr)
-
-    t0 = time.perf_counter()
-    bar = None  # made on the first text (a build from token ids only shows no tokenising bar)
-    batch: list[str] = []
-    batch_len = 0
-    doc_ends: list[bool] = []  # per piece in the batch: last piece of its document?
-
-    def flush() -> None:
-        nonlocal batch, batch_len, doc_ends, bar
-        if not batch:
-            return
-        pending: list[list[int]] = []
-        for ids, last in zip(encode(batch), doc_ends):
-            pending.append(ids)
-            if last:
-                add(list(itertools.chain.from_iterable(pending)) if len(pending) > 1 else pending[0])
-                pending = []
-        if bar is None:
-            bar = _progress(total_bytes, "tokenising", "B" if total_bytes else "docs", progress)
-        bar.update(sum(len(t.encode("utf-8", errors="replace")) for t in batch) if total_bytes else len(batch))
-        batch, batch_len, doc_ends = [], 0, []
-
-    for text in texts:
-        pieces = _split_long(text)
-        for k, piece in enumerate(pieces):
-            batch.append(piece)
-            doc_ends.append(k == len(pieces) - 1)
-            batch_len += len(piece)
-        if batch_len >= batch_chars and doc_ends[-1]:
-            flush()
-    flush()
-    if bar is not None:
-        bar.close()
+    docs = _Documents(len(tokenizer))
+    _tokenise(texts, tokenizer, docs, total_bytes, progress, batch_chars)
     for ids in token_docs:
-        add(ids)
-    tokenize_s = time.perf_counter() - t0
-    if n_tokens == 0:
+        docs.add(ids)
+    tokenize_s = time.perf_counter() - t_start
+    if docs.n_tokens == 0:
         raise DatastoreError("The corpus is empty: no text was found in the inputs. Give .py/.txt/.md files, .jsonl "
                              "files with `text` or `conversations`/`messages` fields, or folders holding them.")
-    tokens = np.concatenate(parts)
-    del parts
+    tokens = docs.tokens()
     t0 = time.perf_counter()
     if progress:
         print(f"sorting {len(tokens):,} tokens ...", file=sys.stderr, flush=True)
-    sa = suffix_order(tokens, sep)
+    sa = suffix_order(tokens, docs.sep)
     sort_s = time.perf_counter() - t0
-
-    tmp = out_dir.with_name(out_dir.name + f".tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    np.save(tmp / "tokens.npy", tokens)
-    np.save(tmp / "sa.npy", sa)
-    files = {name: {"bytes": (tmp / name).stat().st_size, "sha256": _sha256(tmp / name)}
-             for name in ("tokens.npy", "sa.npy")}
     manifest = {
         "format": FORMAT,
         "version": VERSION,
         "tokenizer": tokenizer_identity(tokenizer),
         "tokenizer_name": getattr(tokenizer, "name_or_path", ""),
-        "vocab_size": vocab,
-        "dtype": dtype.name,
-        "separator": sep,
-        "documents": n_docs,
-        "tokens": n_tokens,
+        "vocab_size": docs.vocab,
+        "dtype": docs.dtype.name,
+        "separator": docs.sep,
+        "documents": docs.n_docs,
+        "tokens": docs.n_tokens,
         "entries": int(len(sa)),
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "build_seconds": round(time.perf_counter() - t_start, 2),
         "tokenize_seconds": round(tokenize_s, 2),
         "sort_seconds": round(sort_s, 2),
         "sources": sources or [],
-        "files": files,
         **(extra or {}),
     }
-    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp.rename(out_dir)
-    return manifest
+    return _write_store(Path(out_dir), tokens, sa, manifest, t_start)
 
 
 def build_from_paths(out_dir: str | Path, tokenizer, inputs: Sequence[str | Path], progress: bool = True,
@@ -381,9 +402,6 @@ def ensure_default(target, progress: bool = True, stdlib_limit: int = 0, out_dir
 
     For another model the default folder must have been built with the CLI; raises DatastoreError with the command.
     """
-    from specdemo.offline.corpus import DISTILLED_CORPORA
-    from specdemo.target import EMBEDDED
-
     out = out_dir or default_dir(target.identity)
     docs, digests, counts = [], [], []
     for path in DISTILLED_CORPORA if target.name == EMBEDDED else ():
@@ -431,8 +449,6 @@ def ensure_default(target, progress: bool = True, stdlib_limit: int = 0, out_dir
 
 
 def _cmd_build(args) -> int:
-    from specdemo.target import EMBEDDED, tokenizer_identity
-
     tok = load_tokenizer(args.model)
     out = Path(args.out) if args.out else default_dir(tokenizer_identity(tok))
     t0 = time.perf_counter()
@@ -458,8 +474,6 @@ def _cmd_build(args) -> int:
 
 
 def _cmd_default(args) -> int:
-    from specdemo.target import load_target
-
     print(f"default datastore ready in {ensure_default(load_target())}")
     return 0
 

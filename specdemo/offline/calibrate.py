@@ -19,6 +19,12 @@ import time
 from pathlib import Path
 
 from specdemo.calibration import FORMAT, default_path, fit
+from specdemo.drafters import make_drafter
+from specdemo.engine import GenerationConfig, generate
+from specdemo.offline import sharegpt
+from specdemo.offline.corpus import DISTILLED_CORPORA, read_corpus
+from specdemo.sampling import SamplingConfig
+from specdemo.target import load_target
 
 METHOD_OPTIONS = {  # uncut trees, as large as the dynamic mode's cap
     "rest": {"dynamic": False, "calibration": "none", "budget": 24},
@@ -30,9 +36,6 @@ SAMPLING = {"temperature": 0.8, "top_p": 0.9, "seed": 7}  # the sampling table's
 
 def training_prompts(n: int, max_prompt_tokens: int, target) -> list[tuple[str, list[int]]]:
     """(id, prompt ids) of `n` ShareGPT training-split first turns that no shipped corpus distilled, in a fixed order."""
-    from specdemo.offline import sharegpt
-    from specdemo.offline.corpus import DISTILLED_CORPORA, read_corpus
-
     seen = set()
     for path in DISTILLED_CORPORA:
         _, records = read_corpus(Path(path))
@@ -78,11 +81,6 @@ def register(sub) -> None:
 
 
 def _cli(args) -> int:
-    from specdemo.drafters import make_drafter
-    from specdemo.engine import GenerationConfig, generate
-    from specdemo.sampling import SamplingConfig
-    from specdemo.target import load_target
-
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in methods if m not in METHOD_OPTIONS]
     if unknown:

@@ -7,11 +7,12 @@ S4C's and SDSAT's held-out figures are measured on the same records and the data
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 from pathlib import Path
 
 from specdemo import ASSETS
-from specdemo.offline.sharegpt import is_heldout_record
+from specdemo.offline.sharegpt import is_heldout_record, split_name
 
 PROMPTS_PATH = ASSETS / "corpus" / "prompts.jsonl"
 SELFDISTILL_PATH = ASSETS / "corpus" / "selfdistill.jsonl.gz"
@@ -55,6 +56,14 @@ def split_heldout(records: list[dict]) -> tuple[list[dict], list[dict]]:
     """(training, held-out) by the one shared split."""
     return ([r for r in records if not is_heldout_record(r["id"])],
             [r for r in records if is_heldout_record(r["id"])])
+
+
+def heldout_sample(held: list[dict], limit: int) -> list[dict]:
+    """The first `limit` held-out records, alternating ShareGPT and project prompts so both kinds are measured: every
+    trainer evaluates on this sample, so their held-out numbers are measured on the same records."""
+    by_source = [[r for r in held if split_name(r["id"]) == name] for name in ("sharegpt", "project")]
+    mixed = [r for pair in itertools.zip_longest(*by_source) for r in pair if r is not None]
+    return mixed[:limit]
 
 
 def read_corpus(path: Path) -> tuple[dict | None, list[dict]]:

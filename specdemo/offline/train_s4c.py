@@ -7,7 +7,7 @@ cached fp16 under `cache_root()/s4c-features`).  Per head h and position t (pred
     L_h = w_ce * CE(lm(g_{h,t}), y_{t+h+1}) + w_soft * CE(lm(g_{h,t}), softmax(lm(f_{t+h}))) + w_l1 * SmoothL1(g_{h,t}, f_{t+h})
 and L = sum_h head_weight_h * L_h, where y_{t+h+1} = argmax lm(f_{t+h}) is the target's own greedy token (on the
 self-distilled answers that is the next token itself; on extra text such as stdlib code it is what the target would
-have said), and lm() scores the draft vocabulary.  The paper's weights were lost in the text we have; we use w_ce = 0.1, w_soft = 1.0,
+have said), and lm() scores the draft vocabulary.  The paper's text does not give its weights; these are w_ce = 0.1, w_soft = 1.0,
 w_l1 = 1.0 (EAGLE's 1.0 feature / 0.1 token split, plus the soft-CE that directly trains greedy agreement) and head
 weights 1.0 / 0.8 / 0.6 (deeper heads matter less: acceptance is multiplicative).  Gradients flow from later heads
 into earlier ones through g.
@@ -26,15 +26,16 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
+from specdemo.artifacts import architecture_hash
 from specdemo.drafters.s4c.heads import (
     S4CHeads,
     load_heads,
     save_heads,
-    target_config_hash,
 )
-from specdemo.offline import corpus
-from specdemo.offline.sharegpt import split_name
+from specdemo.offline import corpus, train_loop
+from specdemo.target import cache_root, load_target
 
 
 # ---------------------------------------------------------------------------------------------------------- data
@@ -201,150 +202,131 @@ def evaluate(heads, records, feats, args, dev) -> dict:
     return _fmt_metrics(acc)
 
 
-def train(args) -> int:
-    from specdemo.target import cache_root, load_target
+def _epoch_order(records: list[dict], batch_size: int, rng: random.Random) -> list[dict]:
+    """A shuffled epoch, bucketed by length within chunks of 64 so that padded batches waste little."""
+    order = list(records)
+    rng.shuffle(order)
+    order = [r for i in range(0, len(order), 64) for r in sorted(order[i : i + 64], key=lambda r: len(r["ids"]))]
+    chunks = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    rng.shuffle(chunks)
+    return [r for c in chunks for r in c]
 
-    torch.manual_seed(args.seed)
-    random.seed(args.seed)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    log_f = open(out / "train_log.txt", "a")
 
-    def log(msg: str) -> None:
-        line = f"[{time.strftime('%H:%M:%S')}] {msg}"
-        print(line, flush=True)
-        log_f.write(line + "\n")
-        log_f.flush()
+def _feature_cache(args, target) -> Path:
+    """One feature file per target model and dtype (features are the target's, whatever the heads)."""
+    key = f"{target.identity}-{architecture_hash(target.model.config)}-{str(target.dtype).split('.')[-1]}"
+    return Path(args.feature_cache or cache_root() / "s4c-features") / f"{key}.pt"
 
-    command = " ".join(["python -m specdemo"] + sys.argv[1:]) if sys.argv[0].endswith("__main__.py") else " ".join(sys.argv)
-    log(f"command: {command}")
-    t_begin = time.time()
-    deadline = t_begin + args.minutes * 60 if args.minutes else None
-    target = load_target(args.model, device=args.device, dtype="float32")  # features as the CPU demo computes them
-    dev = target.device
-    records = read_records(args.data)
-    if not records:
-        log("no training records found")
-        return 1
-    train_recs, held = corpus.split_heldout(records)  # the one split every trainer uses
-    held = [r for r in held if len(r["ids"]) <= args.max_len][: args.heldout_max]
-    n_tok = sum(len(r["ids"]) - r["start"] for r in records)
-    log(f"data: {len(records)} records ({len(train_recs)} train, {len(held)} held out), {n_tok} answer tokens, "
-        f"{sum(len(r['ids']) for r in records)} tokens in all")
-    fkey = f"{target.identity}-{target_config_hash(target)}-{str(target.dtype).split('.')[-1]}"
-    cache_file = Path(args.feature_cache or cache_root() / "s4c-features") / f"{fkey}.pt"
-    feats = extract_features(target, records, cache_file, args.max_prompt, log)
 
-    ckpt = out / "checkpoint.pt"
-    resume = ckpt.exists() and args.resume
-    init = load_heads(target, args.init) if args.init and not resume else None  # warm start from an artifact
-    if resume:
-        state = torch.load(ckpt, weights_only=False)
-        draft_vocab = state["model"]["draft_vocab"]
+def _make_heads(args, target, records: list[dict], resumed: dict | None, log) -> S4CHeads:
+    """Heads from the checkpoint being resumed, from trained heads (--init), or fresh over a draft vocabulary of the
+    corpus' most frequent tokens."""
+    init = load_heads(target, args.init) if args.init and resumed is None else None
+    if resumed is not None:
+        draft_vocab = resumed["model"]["draft_vocab"]
     elif init is not None:
         draft_vocab = init.draft_vocab.cpu()
         args.n_heads, args.intermediate_size = init.n_heads, init.intermediate_size
     else:
         special = sorted(target.eos_ids) + list(getattr(target.tokenizer, "all_special_ids", []) or [])
         draft_vocab = build_draft_vocab(records, args.draft_vocab, target.lm_head.weight.shape[0], special)
-    heads = S4CHeads(target, args.n_heads, args.intermediate_size, draft_vocab).to(dev)
+    heads = S4CHeads(target, args.n_heads, args.intermediate_size, draft_vocab).to(target.device)
     if init is not None:
         heads.load_state_dict({k: v.float() for k, v in init.state_dict().items()}, strict=False)
         log(f"initialised from the heads in {args.init}")
-    heads.train()
-    params = [p for n, p in heads.named_parameters()]
+    if resumed is not None:
+        heads.load_state_dict(resumed["model"], strict=False)
+    return heads.train()
+
+
+def _final_heldout(heads, held: list[dict], feats, args, out: Path, log) -> None:
+    """Held-out numbers on the shared split, overall and per prompt source, into the artifact's config.json."""
+    dev = heads.lm_weight().device
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["heldout"] = evaluate(heads, held, feats, args, dev)
+    log(f"held-out final: {json.dumps(cfg['heldout'])}")
+    for name, m in train_loop.heldout_by_source(held, lambda part: evaluate(heads, part, feats, args, dev)).items():
+        cfg[f"heldout_{name}"] = m
+        log(f"held-out final ({name}, {m['records']} records): {json.dumps(m)}")
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+
+
+def train(args) -> int:
+    train_loop.seed_everything(args.seed, args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log = train_loop.run_log(out / "train_log.txt")
+    command = train_loop.command_line()
+    log(f"command: {command}")
+    clock = train_loop.Clock(args.minutes)  # the budget counts the feature extraction too
+    target = load_target(args.model, device=args.device, dtype="float32")  # features as the CPU demo computes them
+    records = read_records(args.data)
+    if not records:
+        log("no training records found")
+        return 1
+    train_recs, held = corpus.split_heldout(records)  # the one split every trainer uses
+    held = corpus.heldout_sample([r for r in held if len(r["ids"]) <= args.max_len], args.heldout_max)
+    n_tok = sum(len(r["ids"]) - r["start"] for r in records)
+    log(f"data: {len(records)} records ({len(train_recs)} train, {len(held)} held out), {n_tok} answer tokens, "
+        f"{sum(len(r['ids']) for r in records)} tokens in all")
+    ckpt = out / "checkpoint.pt"
+    resumed = train_loop.load_checkpoint(ckpt) if args.resume else None
+    total_steps = args.steps or args.epochs * math.ceil(len(train_recs) / args.batch_size)
+    if resumed is not None and not args.steps:
+        total_steps = max(total_steps, resumed.get("total_steps", 0))
+    feats = extract_features(target, (train_recs if total_steps else []) + held, _feature_cache(args, target),
+                             args.max_prompt, log)
+
+    heads = _make_heads(args, target, records, resumed, log)
+    params = list(heads.parameters())
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
-    steps_per_epoch = math.ceil(len(train_recs) / args.batch_size)
-    total_steps = args.steps or args.epochs * steps_per_epoch
     step, rng = 0, random.Random(args.seed)
-    if resume:
-        heads.load_state_dict(state["model"], strict=False)
-        opt.load_state_dict(state["opt"])
-        step = state["step"]
-        rng.setstate(state["rng"])
-        total_steps = max(total_steps, state.get("total_steps", 0)) if not args.steps else args.steps
+    if resumed is not None:
+        opt.load_state_dict(resumed["opt"])
+        step = resumed["step"]
+        rng.setstate(resumed["rng"])
         log(f"resumed from {ckpt} at step {step}")
-    log(f"heads: {sum(p.numel() for p in params) / 1e6:.2f} M params, draft vocab {len(draft_vocab)}, "
+    log(f"heads: {sum(p.numel() for p in params) / 1e6:.2f} M params, draft vocab {len(heads.draft_vocab)}, "
         f"{total_steps} steps of {args.batch_size} sequences, lr {args.lr}")
 
-    def lr_at(s: int) -> float:
-        if s < args.warmup:
-            return args.lr * (s + 1) / args.warmup
-        p = min(1.0, (s - args.warmup) / max(1, total_steps - args.warmup))
-        if deadline:  # a time budget: decay on whichever runs out first
-            p = max(p, min(1.0, (time.time() - t_begin) / (deadline - t_begin)))
-        return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
-
-    extra = lambda: {"training": {"command": command, "step": step, "records": len(records),  # noqa: E731
-                                  "answer_tokens": n_tok, "loss_weights": args.loss_weights, "seed": args.seed}}
-
     def checkpoint(final: bool = False) -> None:
-        torch.save({"model": heads.state_dict(), "opt": opt.state_dict(), "step": step, "rng": rng.getstate(),
-                    "total_steps": total_steps}, str(ckpt) + ".tmp")
-        os.replace(str(ckpt) + ".tmp", ckpt)
-        save_heads(heads, out, extra())
+        train_loop.save_checkpoint(ckpt, {"model": heads.state_dict(), "opt": opt.state_dict(), "step": step,
+                               "rng": rng.getstate(), "total_steps": total_steps})
+        save_heads(heads, out, {"training": {"command": command, "step": step, "records": len(records),
+                                             "answer_tokens": n_tok, "loss_weights": args.loss_weights,
+                                             "seed": args.seed}})
         log(f"{'final' if final else 'checkpoint'}: step {step}, heads saved to {out}")
 
     order: list[dict] = []
     t_start, tok_seen, acc = time.time(), 0, []
-    try:
-        from tqdm import tqdm
-
-        bar = tqdm(total=total_steps, initial=step, desc="s4c", mininterval=5, file=sys.stderr)
-    except ImportError:
-        bar = None
+    bar = tqdm(total=total_steps, initial=step, desc="s4c", mininterval=5, file=sys.stderr)
     while step < total_steps:
-        if not order:
-            order = list(train_recs)
-            rng.shuffle(order)
-            # bucket by length within chunks so padded batches waste little
-            order = [r for i in range(0, len(order), 64) for r in sorted(order[i : i + 64], key=lambda r: len(r["ids"]))]
-            chunks = [order[i : i + args.batch_size] for i in range(0, len(order), args.batch_size)]
-            rng.shuffle(chunks)
-            order = [r for c in chunks for r in c]
+        order = order or _epoch_order(train_recs, args.batch_size, rng)
         batch, order = order[: args.batch_size], order[args.batch_size :]
-        ids, ft, lens, starts = _collate(batch, feats, args.max_prompt, args.max_len, torch.float32, dev)
-        for gparam in opt.param_groups:
-            gparam["lr"] = lr_at(step)
+        ids, ft, lens, starts = _collate(batch, feats, args.max_prompt, args.max_len, torch.float32, target.device)
+        lr = train_loop.cosine_lr(step, args.lr, args.warmup, total_steps, budget_spent=clock.spent())
         loss, ms = unrolled_losses(heads, ids, ft, lens, starts, tuple(args.loss_weights), noise=args.noise)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+        train_loop.optimizer_step(opt, loss, lr)
         step += 1
+        bar.update(1)
         tok_seen += int((lens - starts).clamp_min(0).sum())
         acc = _sum_metrics(acc, ms)
-        if bar:
-            bar.update(1)
         if step % args.log_every == 0:
-            m = _fmt_metrics(acc)
-            acc = []
-            log(f"step {step}/{total_steps} loss {float(loss):.3f} lr {lr_at(step):.2e} "
+            m, acc = _fmt_metrics(acc), []
+            log(f"step {step}/{total_steps} loss {float(loss):.3f} lr {lr:.2e} "
                 f"{tok_seen / (time.time() - t_start):.0f} tok/s | "
                 + " ".join(f"h{h + 1} top1 {m[k]['top1']:.3f} cond {m[k]['cond']:.3f}" for h, k in enumerate(m)))
-        if held and (step % args.eval_every == 0):
-            log(f"held-out @ {step}: {json.dumps(evaluate(heads, held, feats, args, dev))}")
+        if held and step % args.eval_every == 0:
+            log(f"held-out @ {step}: {json.dumps(evaluate(heads, held, feats, args, target.device))}")
         if step % args.ckpt_every == 0:
             checkpoint()
-        if deadline and time.time() > deadline:
+        if clock.over():
             log(f"time budget of {args.minutes} min reached")
             break
-    if bar:
-        bar.close()
+    bar.close()
     checkpoint(final=True)
     if held:
-        ev = evaluate(heads, held, feats, args, dev)
-        log(f"held-out final: {json.dumps(ev)}")
-        cfg = json.loads((out / "config.json").read_text())
-        cfg["heldout"] = ev
-        for name in ("sharegpt", "project"):
-            part = [r for r in held if split_name(r["id"]) == name]
-            if part:
-                cfg[f"heldout_{name}"] = dict(evaluate(heads, part, feats, args, dev), records=len(part))
-                log(f"held-out final ({name}, {len(part)} records): {json.dumps(cfg[f'heldout_{name}'])}")
-        (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        _final_heldout(heads, held, feats, args, out, log)
     log(f"done: {step} steps in {(time.time() - t_start) / 60:.1f} min")
     return 0
 

@@ -9,12 +9,8 @@ x_{p+j+1}, the original model's own greedy token.
 """
 from __future__ import annotations
 
-import itertools
 import json
-import math
-import os
 import random
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,8 +24,8 @@ from specdemo.drafters.sdsat.adapter import (
     default_token_id,
     load_adapter,
 )
-from specdemo.offline import corpus
-from specdemo.offline.sharegpt import split_name
+from specdemo.offline import corpus, train_loop
+from specdemo.target import load_target
 
 
 # ====================================================================================================== training data
@@ -39,9 +35,7 @@ def split_records(paths: list[str | Path], heldout_max: int, max_seq: int) -> tu
     recs = [r for r in corpus.read_records(paths)
             if len(r["answer_ids"]) >= 3 and len(r["prompt_ids"]) + len(r["answer_ids"]) <= max_seq]
     train, held = corpus.split_heldout(recs)
-    by_split = [[r for r in held if split_name(r["id"]) == name] for name in ("sharegpt", "project")]
-    mixed = [r for pair in itertools.zip_longest(*by_split) for r in pair if r is not None]
-    return train, mixed[:heldout_max]
+    return train, corpus.heldout_sample(held, heldout_max)
 
 
 def build_probes(seq: list[int], start: int, L: int, rate: float, rng: random.Random | None, max_probes: int,
@@ -180,32 +174,11 @@ class TrainConfig:
     dtype: str = "float32"  # the base model's weights, as the CPU demo runs them
 
 
-def _lr_at(cfg: TrainConfig, step: int, elapsed_min: float = 0.0) -> float:
-    """Linear warmup, then cosine to min_lr_ratio * lr over the steps -- or over the time budget when --minutes is
-    set (CPU speed on a shared machine is unpredictable, so the schedule follows the clock)."""
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    if cfg.minutes:
-        t = min(1.0, elapsed_min / cfg.minutes)
-    else:
-        t = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
-
-
-def train(cfg: TrainConfig, resume: bool = False, log=print) -> dict:
-    from specdemo.target import load_target
-
-    torch.set_num_threads(cfg.threads)
-    random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    target = load_target(cfg.model, cfg.device, cfg.dtype)
-    model = target.model
-    model.requires_grad_(False)
-    token_id = default_token_id(target.tokenizer)
-    adapter = SDSATAdapter(model, cfg.rank, cfg.alpha, cfg.targets, token_id, init_seed=cfg.seed)
-    if cfg.init and not (resume and (out / "checkpoint.pt").exists()):
+def _make_adapter(cfg: TrainConfig, target, resuming: bool, log) -> SDSATAdapter:
+    """A fresh LoRA, or (--init, when not resuming) the given adapter's weights for this run's targets."""
+    adapter = SDSATAdapter(target.model, cfg.rank, cfg.alpha, cfg.targets, default_token_id(target.tokenizer),
+                           init_seed=cfg.seed)
+    if cfg.init and not resuming:
         start, _ = load_adapter(cfg.init, target)
         if (start.rank, start.alpha, start.token_id) != (adapter.rank, adapter.alpha, adapter.token_id) \
                 or not set(adapter.targets) <= set(start.targets):
@@ -215,111 +188,123 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> dict:
         adapter.load_state_dict({k: v for k, v in start.state_dict().items() if k in own})
         log(f"initialised from the adapter in {cfg.init}" + (f" (its {', '.join(adapter.targets)} LoRA only)"
                                                              if adapter.targets != start.targets else ""))
-    params = [p for p in adapter.parameters()]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    step, seen_tokens, probe_tokens, history, elapsed_before = 0, 0, 0, [], 0.0
-    rng = random.Random(cfg.seed)
-    ckpt = out / "checkpoint.pt"
-    if resume and ckpt.exists():
-        st = torch.load(ckpt, weights_only=False)
-        adapter.load_state_dict(st["adapter"])
-        opt.load_state_dict(st["opt"])
-        step, seen_tokens, probe_tokens, history = st["step"], st["seen_tokens"], st["probe_tokens"], st["history"]
-        elapsed_before = st.get("elapsed", 0.0)
-        rng.setstate(st["rng"])
-        torch.set_rng_state(st["torch_rng"])
-        log(f"resumed from {ckpt} at step {step}")
+    return adapter
 
-    def load_split():
-        return split_records(cfg.data, cfg.heldout_max, cfg.max_seq)
 
-    train_recs, held = load_split()
+def _sequence_loss(model, adapter: SDSATAdapter, cfg: TrainConfig, r: dict, rng: random.Random) -> tuple[float, int]:
+    """Back-propagate one clean sequence's adaptive-chain loss (scaled for the step's average); returns the loss and
+    the number of adaptive tokens it trained (0: nothing to train on)."""
+    seq = r["prompt_ids"] + r["answer_ids"]
+    b = build_probes(seq, len(r["prompt_ids"]), cfg.L, cfg.rate, rng, cfg.max_probes, adapter.token_id)
+    if b is None:
+        return 0.0, 0
+    logits = probe_logits(model, adapter, seq, b, grad=True)
+    loss = F.cross_entropy(logits.float(), b[2].to(logits.device))
+    (loss / cfg.seqs_per_step).backward()
+    return loss.item(), len(b[0])
+
+
+def _epoch(cfg: TrainConfig, rng: random.Random, log) -> tuple[list[dict], list[dict], list[dict]]:
+    """(training records, held-out records, this epoch's shuffled order), read again at each epoch so that a run
+    picks up the records a growing corpus (a distillation still running) gained meanwhile."""
+    train_recs, held = split_records(cfg.data, cfg.heldout_max, cfg.max_seq)
     if not train_recs:
         raise ValueError(f"no usable training records in {cfg.data}")
-    log(f"data: {len(train_recs)} training records ({sum(len(r['answer_ids']) for r in train_recs)} answer tokens), "
-        f"{len(held)} held out; adapter {sum(p.numel() for p in params) / 1e6:.2f}M params; "
-        f"adaptive token id {token_id}")
-    order: list[dict] = []
-    t_start = time.time()
+    log(f"epoch start: {len(train_recs)} training records ({sum(len(r['answer_ids']) for r in train_recs)} answer "
+        f"tokens), {len(held)} held out")
+    order = list(train_recs)
+    rng.shuffle(order)
+    return train_recs, held, order
 
-    def save(final: bool = False, metrics: dict | None = None):
-        elapsed = elapsed_before + time.time() - t_start
-        torch.save({"adapter": adapter.state_dict(), "opt": opt.state_dict(), "step": step,
-                    "seen_tokens": seen_tokens, "probe_tokens": probe_tokens, "history": history,
-                    "rng": rng.getstate(), "torch_rng": torch.get_rng_state(), "elapsed": elapsed,
-                    "config": asdict(cfg)}, str(ckpt) + ".tmp")
-        os.replace(str(ckpt) + ".tmp", ckpt)
-        extra = {"L": cfg.L, "train": {"config": asdict(cfg), "step": step, "seen_tokens": seen_tokens,
-                                       "probe_tokens": probe_tokens, "elapsed_s": round(elapsed, 1),
-                                       "data_records": len(train_recs)},
-                 "heldout": metrics or next((dict(h["eval"], step=h["step"]) for h in reversed(history)
-                                             if "eval" in h), None)}
-        adapter.save(out, target.identity, model, extra)
 
-    if step == 0 and held:
+@dataclass
+class _Progress:
+    """What a checkpoint carries besides the weights and the optimizer."""
+
+    step: int = 0
+    seen_tokens: int = 0
+    probe_tokens: int = 0
+    history: list = field(default_factory=list)
+
+
+def train(cfg: TrainConfig, resume: bool = False, log=print) -> dict:
+    train_loop.seed_everything(cfg.seed, cfg.threads)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    target = load_target(cfg.model, cfg.device, cfg.dtype)
+    model = target.model
+    model.requires_grad_(False)
+    ckpt = out / "checkpoint.pt"
+    resumed = train_loop.load_checkpoint(ckpt) if resume else None
+    adapter = _make_adapter(cfg, target, resumed is not None, log)
+    params = list(adapter.parameters())
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    prog, rng, clock = _Progress(), random.Random(cfg.seed), train_loop.Clock(cfg.minutes)
+    if resumed is not None:
+        adapter.load_state_dict(resumed["adapter"])
+        opt.load_state_dict(resumed["opt"])
+        prog = _Progress(resumed["step"], resumed["seen_tokens"], resumed["probe_tokens"], resumed["history"])
+        clock.before = resumed.get("elapsed", 0.0)
+        rng.setstate(resumed["rng"])
+        torch.set_rng_state(resumed["torch_rng"])
+        log(f"resumed from {ckpt} at step {prog.step}")
+    train_recs, held, order = _epoch(cfg, rng, log)
+    log(f"adapter {sum(p.numel() for p in params) / 1e6:.2f}M params; adaptive token id {adapter.token_id}")
+
+    def save(metrics: dict | None = None) -> None:
+        train_loop.save_checkpoint(ckpt, {"adapter": adapter.state_dict(), "opt": opt.state_dict(), **asdict(prog),
+                                          "rng": rng.getstate(), "torch_rng": torch.get_rng_state(),
+                                          "elapsed": clock.elapsed(), "config": asdict(cfg)})
+        latest = next((dict(h["eval"], step=h["step"]) for h in reversed(prog.history) if "eval" in h), None)
+        adapter.save(out, target.identity, model, {
+            "L": cfg.L, "heldout": metrics or latest,
+            "train": {"config": asdict(cfg), "step": prog.step, "seen_tokens": prog.seen_tokens,
+                      "probe_tokens": prog.probe_tokens, "elapsed_s": round(clock.elapsed(), 1),
+                      "data_records": len(train_recs)}})
+
+    def heldout() -> dict:
         m = evaluate(model, adapter, held, cfg.L)
-        history.append({"step": 0, "eval": m})
-        log(f"step 0 held-out: {json.dumps(m)}")
+        prog.history.append({"step": prog.step, "eval": m})
+        log(f"step {prog.step} held-out: {json.dumps(m)}")
+        return m
+
+    if prog.step == 0 and held:
+        heldout()
     win_loss, win_n, t_last = 0.0, 0, time.time()
-    while step < cfg.steps:
-        elapsed_min = (elapsed_before + time.time() - t_start) / 60
-        if cfg.minutes and elapsed_min >= cfg.minutes:
-            log(f"time budget of {cfg.minutes} min reached at step {step}")
-            break
-        lr = _lr_at(cfg, step, elapsed_min)
-        for gp in opt.param_groups:
-            gp["lr"] = lr
+    while prog.step < cfg.steps and not clock.over():
         opt.zero_grad(set_to_none=True)
         step_loss, step_n = 0.0, 0
         for _ in range(cfg.seqs_per_step):
-            if not order:  # new epoch: pick up records the growing corpus gained meanwhile
-                train_recs, held = load_split()
-                log(f"epoch start: {len(train_recs)} training records "
-                    f"({sum(len(r['answer_ids']) for r in train_recs)} answer tokens), {len(held)} held out")
-                order = list(train_recs)
-                rng.shuffle(order)
+            if not order:
+                train_recs, held, order = _epoch(cfg, rng, log)
             r = order.pop()
-            seq = r["prompt_ids"] + r["answer_ids"]
-            b = build_probes(seq, len(r["prompt_ids"]), cfg.L, cfg.rate, rng, cfg.max_probes, token_id)
-            if b is None:
-                continue
-            logits = probe_logits(model, adapter, seq, b, grad=True)
-            loss = F.cross_entropy(logits.float(), b[2].to(logits.device))
-            (loss / cfg.seqs_per_step).backward()
-            step_loss += loss.item()
-            step_n += 1
-            seen_tokens += len(seq)
-            probe_tokens += len(b[0])
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        step += 1
-        win_loss += step_loss / max(1, step_n)
-        win_n += 1
-        if step % 5 == 0:
-            dt = time.time() - t_last
-            log(f"step {step}/{cfg.steps} loss {win_loss / win_n:.3f} lr {lr:.2e} tokens {seen_tokens} "
-                f"adaptive {probe_tokens} ({dt / 5:.1f} s/step) elapsed {(time.time() - t_start) / 60:.1f} min")
-            history.append({"step": step, "loss": round(win_loss / win_n, 4)})
+            loss, n_probe = _sequence_loss(model, adapter, cfg, r, rng)
+            if n_probe:
+                step_loss, step_n = step_loss + loss, step_n + 1
+                prog.seen_tokens += len(r["prompt_ids"]) + len(r["answer_ids"])
+                prog.probe_tokens += n_probe
+        lr = train_loop.cosine_lr(prog.step, cfg.lr, cfg.warmup, cfg.steps, cfg.min_lr_ratio, clock.spent())
+        train_loop.optimizer_step(opt, None, lr)
+        prog.step += 1
+        win_loss, win_n = win_loss + step_loss / max(1, step_n), win_n + 1
+        if prog.step % 5 == 0:
+            log(f"step {prog.step}/{cfg.steps} loss {win_loss / win_n:.3f} lr {lr:.2e} tokens {prog.seen_tokens} "
+                f"adaptive {prog.probe_tokens} ({(time.time() - t_last) / 5:.1f} s/step) "
+                f"elapsed {clock.elapsed() / 60:.1f} min")
+            prog.history.append({"step": prog.step, "loss": round(win_loss / win_n, 4)})
             win_loss, win_n, t_last = 0.0, 0, time.time()
-        metrics = None
-        if held and step % cfg.eval_every == 0:
-            metrics = evaluate(model, adapter, held, cfg.L)
-            history.append({"step": step, "eval": metrics})
-            log(f"step {step} held-out: {json.dumps(metrics)}")
-        if step % cfg.ckpt_every == 0:
-            save(metrics=metrics)
-    final = evaluate(model, adapter, held, cfg.L) if held else None
+        metrics = heldout() if held and prog.step % cfg.eval_every == 0 else None
+        if prog.step % cfg.ckpt_every == 0:
+            save(metrics)
+    if clock.over():
+        log(f"time budget of {cfg.minutes} min reached at step {prog.step}")
+    last = prog.history[-1] if prog.history else {}
+    final = (last["eval"] if last.get("step") == prog.step and "eval" in last else heldout()) if held else None
     if final:
-        history.append({"step": step, "eval": final})
-        log(f"final held-out (step {step}): {json.dumps(final)}")
-        for name in ("sharegpt", "project"):
-            part = [r for r in held if split_name(r["id"]) == name]
-            if part:
-                final[name] = dict(evaluate(model, adapter, part, cfg.L), records=len(part))
-                log(f"final held-out ({name}, {len(part)} records): {json.dumps(final[name])}")
-    save(final=True, metrics=final)
+        final.update(train_loop.heldout_by_source(held, lambda part: evaluate(model, adapter, part, cfg.L)))
+    save(final)
     log(f"wrote {out} ({sum(f.stat().st_size for f in out.glob('*.safetensors')) / 1e6:.1f} MB of weights)")
-    return {"step": step, "heldout": final, "out": str(out)}
+    return {"step": prog.step, "heldout": final, "out": str(out)}
 
 
 # ====================================================================================================== CLI
@@ -358,10 +343,7 @@ def register_train(subparsers) -> None:
 def _train_cli(args) -> int:
     cfg = TrainConfig(**{k: getattr(args, k) for k in TrainConfig.__dataclass_fields__ if hasattr(args, k)})
     cfg.targets = [t.strip() for t in str(args.targets).split(",") if t.strip()]
-
-    def log(msg: str) -> None:
-        print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-    log("sdsat train: " + " ".join(sys.argv[1:]))
+    log = train_loop.run_log()
+    log(f"command: {train_loop.command_line()}")
     train(cfg, resume=args.resume, log=log)
     return 0

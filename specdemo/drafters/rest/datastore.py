@@ -27,6 +27,8 @@ from typing import Sequence
 
 import numpy as np
 
+from specdemo.target import cache_root
+
 FORMAT = "specdemo-datastore"
 VERSION = 1
 
@@ -218,8 +220,6 @@ def _slug(identity: str) -> str:
 
 def default_dir(identity: str) -> Path:
     """Where the default datastore of a tokenizer lives (REST uses it when no path is given)."""
-    from specdemo.target import cache_root
-
     return cache_root() / "datastores" / _slug(identity)
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdemo.budget import calibrated_cost, cut_to_cost
+from specdemo.budget import GPU_BUDGET, calibrated_cost, cut_to_cost
 from specdemo.calibration import Calibrator
 from specdemo.drafters import DrafterUnavailable, Knob
 from specdemo.drafters.rest.datastore import (
@@ -308,8 +308,6 @@ def make(target: Target, datastore: str | None = None, budget: int | None = None
     for the embedded model) or "none" (request-only retrieval).  budget: max draft nodes per step (default: 64 on a
     GPU; on CPU 24 with dynamic sizing, else 16).  dynamic: size each step's tree by its calibrated value against the
     measured verification cost (default off, see below; without a calibration for the model it keeps the budget)."""
-    from specdemo import budget as budget_mod
-
     if max_suffix < 1 or min_suffix < 1 or min_suffix > max_suffix:
         raise ValueError(f"need 1 <= min_suffix <= max_suffix (got {min_suffix}, {max_suffix})")
     store = None
@@ -330,7 +328,7 @@ def make(target: Target, datastore: str | None = None, budget: int | None = None
         # where the store rarely holds the answer verbatim, undervalues long unanimous continuations.
         dynamic = False
     if budget is None:
-        budget = (DYNAMIC_CAP if dynamic else CPU_BUDGET) if cpu else budget_mod.GPU_BUDGET
+        budget = (DYNAMIC_CAP if dynamic else CPU_BUDGET) if cpu else GPU_BUDGET
     return RestDrafter(store=store, budget=int(budget), max_suffix=int(max_suffix), min_suffix=int(min_suffix),
                        dynamic=dynamic, calibration=Path(calibration) if calibration else None, **options)
 

@@ -15,31 +15,39 @@ target features that `observe` receives; draft rows are appended for one layer c
 window instead would cost ~W x the work per step on CPU, and the per-head lag (head h needs x_{t+h}) makes an
 incremental cache natural.
 
-Stats: `drafter.stats` counts, per depth d, the steps whose tree reached depth d and the steps that accepted >= d
-tokens; `drafter.acceptance_by_depth()` gives the conditional rates.
+Stats: `drafter.tally` (tree.DepthTally) counts, per depth d, the steps whose head tree reached depth d and the
+steps that accepted >= d tokens.
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from specdemo.budget import best_size, calibrated_cost, cut_to_cost
+from specdemo.budget import (
+    GPU_BUDGET,
+    best_size,
+    calibrated_cost,
+    cut_to_cost,
+    pick_budget,
+)
 from specdemo.calibration import available as calibration_available
-from specdemo.drafters import DrafterUnavailable, Knob
+from specdemo.drafters import DrafterUnavailable, Knob, pld
 from specdemo.drafters.s4c.heads import (
     EMBEDDED_HEADS,
     S4CArtifactError,
     S4CHeads,
     load_heads,
+    mismatch,
     train_command,
 )
 from specdemo.engine import DecodeState, Drafter, Verified
 from specdemo.kvcache import KVCache
 from specdemo.target import EMBEDDED, Target
-from specdemo.tree import DraftTree
+from specdemo.tree import DepthTally, DraftTree, additive_mask, ancestor_mask, path_to
 
 TREES = ("s4c", "chain", "eagle")
 
@@ -74,7 +82,7 @@ class S4CDrafter(Drafter):
         # prefix that pays for its verification (budget.cut_to_cost); `budget` is then only a cap
         self.dynamic, self.calibration_path = bool(dynamic), calibration
         self.calibrator, self.rel_cost = None, None
-        self.stats = {"steps": 0, "reached": [0] * self.H, "accepted": [0] * self.H}
+        self.tally = DepthTally(self.H)
         self._last_depths: list[int] = []
 
     # ------------------------------------------------------------------ state
@@ -101,20 +109,7 @@ class S4CDrafter(Drafter):
         h = verified.hidden
         self.F[self.nf : self.nf + len(h)] = h
         self.nf += len(h)
-        self.stats["steps"] += 1
-        depth = max(self._last_depths, default=0)
-        for d in range(min(depth, self.H)):
-            self.stats["reached"][d] += 1
-            if len(verified.accepted_nodes) > d:
-                self.stats["accepted"][d] += 1
-
-    def acceptance_by_depth(self) -> list[float]:
-        """P(accept >= d | accepted >= d-1 and the tree reached depth d), d = 1..H."""
-        out, prev = [], self.stats["steps"]
-        for r, a in zip(self.stats["reached"], self.stats["accepted"]):
-            out.append(a / prev if prev else 0.0)
-            prev = a
-        return out
+        self.tally.add(max(self._last_depths, default=0), len(verified.accepted_nodes))
 
     # ------------------------------------------------------------------ one head call
     def _run_head(self, h: int, n: int, tokens: list[int], branches: list[tuple[list[int], list[torch.Tensor]]]):
@@ -142,14 +137,11 @@ class S4CDrafter(Drafter):
             return [], [[] for _ in branches]
         cache = self.caches[h]
         past = cache.get_seq_length()
-        R = len(rows_tok)
-        allow = torch.zeros(R, R, dtype=torch.bool)
-        allow[:c, :c] = torch.tril(torch.ones(c, c, dtype=torch.bool))
-        allow[c:, :c] = True
-        for s, e in spans:
-            allow[s:e, s:e] = torch.tril(torch.ones(e - s, e - s, dtype=torch.bool))
-        mask = torch.zeros(1, 1, R, past + R, dtype=t.dtype, device=t.device)
-        mask[0, 0, :, past:].masked_fill_(~allow.to(t.device), torch.finfo(t.dtype).min)
+        # committed rows are a chain; each branch hangs off the last committed row (it sees them all, then itself)
+        parents = list(range(-1, c - 1))
+        for s_, e in spans:
+            parents += [c - 1] + list(range(s_, e - 1))
+        mask = additive_mask(ancestor_mask(parents).to(t.device), past, t.dtype)
         ids = torch.tensor([rows_tok], device=t.device)
         emb = heads.embed(ids).to(t.dtype)
         feat = torch.stack(rows_feat).unsqueeze(0)
@@ -204,7 +196,7 @@ class S4CDrafter(Drafter):
                 break
             branches = []
             for i in frontier:
-                path = self._path(nodes, i)  # node indices depth 1..depth-1
+                path = path_to([nd.parent for nd in nodes], i)  # node indices depth 1..depth-1
                 btoks = [nodes[j].token for j in path]
                 parent_outs = nodes[nodes[i].parent].outs if nodes[i].parent >= 0 else []
                 bfeats = [self.G[h - 1][n - h]] + list(parent_outs)
@@ -232,11 +224,9 @@ class S4CDrafter(Drafter):
             frontier = new_frontier
         chain = []
         if self.context > 0:
-            from specdemo.drafters.pld import lookup
-
-            chain = lookup(tokens, min(self.context, self.budget - 1), max_ngram=3, min_ngram=2)
+            chain = pld.lookup(tokens, min(self.context, self.budget - 1), max_ngram=3, min_ngram=2)
         tree = self._select(nodes, chain_nodes if kind != "eagle" else set(), self.budget - len(chain))
-        tree = self._graft_context(tree, chain) if chain else tree
+        tree = tree.graft(chain, "context") if chain else tree  # prompt lookup's continuation (option `context`)
         # raw scores: the heads' path probability; grafted context nodes 1.0 (their calibration table holds how often
         # such a node is right at its depth)
         if self.calibrator is not None:
@@ -252,35 +242,6 @@ class S4CDrafter(Drafter):
         p1 = self.calibrator(["head1"], [1], [math.exp(top_logp)])[0]
         return best_size([p1] * self.H, self.rel_cost) <= 1
 
-    def _graft_context(self, tree: DraftTree, chain: list[int]) -> DraftTree:
-        """Hybrid option (`context=N`, off by default): follow the prompt-lookup continuation down the head tree and
-        hang its unmatched tail off the deepest matching node (source "context"); room for it was reserved."""
-        node, i = -1, 0
-        while i < len(chain):
-            nxt = next((j for j, (t, p) in enumerate(zip(tree.tokens, tree.parents)) if p == node and t == chain[i]), None)
-            if nxt is None:
-                break
-            node, i = nxt, i + 1
-        tail = chain[i:]
-        if not tail:
-            return tree
-        toks, parents, src, raw = list(tree.tokens), list(tree.parents), list(tree.sources), list(tree.scores)
-        for t in tail:
-            toks.append(t)
-            parents.append(node)
-            src.append("context")
-            raw.append(1.0)
-            node = len(toks) - 1
-        return DraftTree(toks, parents, src, None, raw)
-
-    @staticmethod
-    def _path(nodes, i):
-        path = []
-        while i >= 0:
-            path.append(i)
-            i = nodes[i].parent
-        return path[::-1]
-
     def _select(self, nodes: list[_Node], first: set[int], budget: int | None = None) -> DraftTree:
         """Keep `budget` nodes: the vertical chains first (s4c/chain), then the rest by cumulative log-prob; a node
         is only kept with its parent; output in topological order."""
@@ -292,22 +253,15 @@ class S4CDrafter(Drafter):
             if nodes[j].parent < 0 or nodes[j].parent in keep:
                 keep.add(j)
         kept = sorted(keep, key=lambda j: (nodes[j].depth, j))
-        remap = {-1: -1}
-        toks, parents, src = [], [], []
-        for j in kept:
-            remap[j] = len(toks)
-            toks.append(nodes[j].token)
-            parents.append(remap[nodes[j].parent])
-            src.append(f"head{nodes[j].depth}")
         self._last_depths = [nodes[j].depth for j in kept]
-        return DraftTree(toks, parents, src, None, [math.exp(nodes[j].logp) for j in kept])
+        full = DraftTree([nd.token for nd in nodes], [nd.parent for nd in nodes], [f"head{nd.depth}" for nd in nodes],
+                         None, [math.exp(nd.logp) for nd in nodes])
+        return full.subtree(kept)
 
 
-# Default node budget.  CPU: 11 -- chosen with plain F.linear (see docs/s4c.md; with cpu_linear.py nodes got cheaper
-# and README "Benchmarks" compares 11 and 15 side by side). Then a verification of 12 rows (root + 11) sat in a cheap
-# spot of the measured cost curve (~1.5-1.65x an AR step; 15 nodes ~1.6-1.8x; row counts 3, 7, 11, 15 are slow kernel
-# cases), and in side-by-side bench runs 7/11/15 nodes gave 1.31/1.28/1.21x on HumanEval and 1.19/1.18/1.18x on chat,
-# with tau falling as the tree shrinks (2.34/2.53/2.59 and 2.11/2.21/2.26); 11 keeps most of the tau.  Elsewhere 15.
+# Fixed node budgets (dynamic=false).  CPU: 11 -- a verification of 12 rows (root + 11) sits in a cheap spot of the
+# measured cost curve (row counts 3, 7, 11, 15 are slow kernel cases), and 11 nodes keep most of the tau of 15 at less
+# cost (docs/s4c.md, docs/benchmarks.md).  Elsewhere 15: on a GPU extra nodes are almost free.
 CPU_BUDGET, DEFAULT_BUDGET = 11, 15
 # With per-step sizing (dynamic, the CPU default when the model has a calibration) the budget is only a cap: each
 # step sends the best-first prefix of the tree that pays for its verification, so the cap can hold the whole s4c tree.
@@ -344,11 +298,9 @@ EXPECTED_TAU = {1: 1.45, 3: 1.75, 6: 2.0, 9: 2.15, 12: 2.25, 15: 2.3}
 
 def _auto_budget(target: Target) -> int:
     """The node budget from this machine's measured verification cost curve (specdemo.budget); 64 on GPUs."""
-    from specdemo import budget as b
-
     if target.device.type != "cpu":
-        return b.GPU_BUDGET
-    return max(3, int(b.pick_budget(target, EXPECTED_TAU, sizes=(0, 1, 2, 4, 8, 12, 16))))
+        return GPU_BUDGET
+    return max(3, int(pick_budget(target, EXPECTED_TAU, sizes=(0, 1, 2, 4, 8, 12, 16))))
 
 
 def _cached_heads(target: Target, source: str) -> S4CHeads:
@@ -369,14 +321,10 @@ def unavailable_reason(target: Target) -> str | None:
     if src is None or not (src / "model.safetensors").exists():
         return _missing(target)
     try:
-        cfg = __import__("json").loads((src / "config.json").read_text())
-    except Exception:
+        cfg = json.loads((src / "config.json").read_text())
+    except (OSError, ValueError):
         return f"The S4C heads in {src} are unreadable; rebuild them: {train_command(target.name, str(src))}"
-    from specdemo.drafters.s4c.heads import target_config_hash
-
-    if cfg.get("tokenizer_identity") != target.identity or cfg.get("target_config_hash") != target_config_hash(target):
-        return f"The S4C heads in {src} were trained for another model; rebuild them: {train_command(target.name, str(src))}"
-    return None
+    return mismatch(cfg, target, src)
 
 
 KNOBS = (

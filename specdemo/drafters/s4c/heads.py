@@ -38,7 +38,6 @@ Training: `specdemo/offline/train_s4c.py` (`python -m specdemo train s4c`).
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -47,6 +46,8 @@ import torch
 from torch import nn
 
 from specdemo import ASSETS as PACKAGE_ASSETS
+from specdemo import artifacts
+from specdemo.artifacts import architecture_hash, resolve_dir
 
 FORMAT = "specdemo-s4c"
 VERSION = 1
@@ -59,12 +60,11 @@ class S4CArtifactError(RuntimeError):
 
 
 # ---------------------------------------------------------------------------------------------------------- identity
-def target_config_hash(target) -> str:
-    cfg = target.model.config
-    keys = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-            "intermediate_size", "vocab_size", "max_position_embeddings", "tie_word_embeddings")
-    blob = json.dumps({k: getattr(cfg, k, None) for k in keys}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+def mismatch(cfg: dict, target, where: Path | str) -> str | None:
+    """Why the heads described by `cfg` do not fit `target` (None when they do)."""
+    return artifacts.mismatch(cfg, target, fmt=FORMAT, identity_key="tokenizer_identity",
+                              hash_key="target_config_hash", what="S4C draft heads", where=where,
+                              fix=f"Train heads for this model: {train_command(target.name, str(where))}")
 
 
 def train_command(target_name: str, out: str = "DIR") -> str:
@@ -152,7 +152,7 @@ def save_heads(heads: S4CHeads, out: Path, extra: dict | None = None) -> None:
     cfg = {
         "format": FORMAT, "version": VERSION, "n_heads": heads.n_heads, "hidden_size": heads.d,
         "intermediate_size": heads.intermediate_size, "draft_vocab_size": int(heads.draft_vocab.numel()),
-        "target": t.name, "tokenizer_identity": t.identity, "target_config_hash": target_config_hash(t),
+        "target": t.name, "tokenizer_identity": t.identity, "target_config_hash": architecture_hash(t.model.config),
         "target_model_type": t.model.config.model_type,
     }
     cfg.update(extra or {})
@@ -163,37 +163,14 @@ def save_heads(heads: S4CHeads, out: Path, extra: dict | None = None) -> None:
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
 
 
-def resolve_heads_dir(source: str | Path) -> Path:
-    """A local folder, or a hub repo id fetched with huggingface_hub (fails clearly offline)."""
-    p = Path(source).expanduser()
-    if p.exists():
-        if not (p / "config.json").exists() or not (p / "model.safetensors").exists():
-            raise S4CArtifactError(f"S4C heads folder {p} has no config.json + model.safetensors.")
-        return p
-    if str(source).count("/") != 1 or str(source).startswith((".", "/", "~")):
-        raise S4CArtifactError(f"S4C heads '{source}' not found: not a local folder and not a hub repo id (owner/name).")
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(repo_id=str(source), allow_patterns=["config.json", "model.safetensors", "*.md"]))
-    except Exception as exc:  # offline, missing repo, auth ...
-        raise S4CArtifactError(f"Cannot fetch S4C heads '{source}' from the Hugging Face hub "
-                               f"({type(exc).__name__}: {str(exc)[:200]}). Pass a local folder instead.") from exc
-
-
 def load_heads(target, source: str | Path) -> S4CHeads:
     from safetensors.torch import load_file
 
-    path = resolve_heads_dir(source)
+    path = resolve_dir(source, ("config.json", "model.safetensors"), "S4C heads", S4CArtifactError,
+                       f"Train heads with: {train_command(target.name)}")
     cfg = json.loads((path / "config.json").read_text())
-    if cfg.get("format") != FORMAT:
-        raise S4CArtifactError(f"{path} is not an S4C heads folder (format {cfg.get('format')!r}).")
-    if cfg.get("tokenizer_identity") != target.identity or cfg.get("target_config_hash") != target_config_hash(target):
-        raise S4CArtifactError(
-            f"The S4C heads in {path} were trained for another model ({cfg.get('target')!r}, tokenizer "
-            f"{cfg.get('tokenizer_identity')}, config {cfg.get('target_config_hash')}), not for '{target.name}' "
-            f"(tokenizer {target.identity}, config {target_config_hash(target)}). Train heads for this model: "
-            f"{train_command(target.name)}")
+    if (why := mismatch(cfg, target, path)) is not None:
+        raise S4CArtifactError(why)
     sd = load_file(str(path / "model.safetensors"))
     heads = S4CHeads(target, cfg["n_heads"], cfg["intermediate_size"], sd.pop("draft_vocab").long())
     missing, unexpected = heads.load_state_dict(sd, strict=False)

@@ -18,16 +18,16 @@ Training: `specdemo/offline/train_sdsat.py` (`python -m specdemo train sdsat`).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import os
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 from specdemo import ASSETS as PACKAGE_ASSETS
+from specdemo import artifacts
+from specdemo.artifacts import architecture_hash, resolve_dir
 
 FORMAT = "specdemo-sdsat"
 VERSION = 1
@@ -41,15 +41,6 @@ ASSETS = PACKAGE_ASSETS / "sdsat"
 
 class AdapterError(RuntimeError):
     """The SDSAT artifact is missing, malformed or made for another base model."""
-
-
-def base_config_hash(model) -> str:
-    """A short hash of the architecture fields an adapter depends on."""
-    c = model.config
-    keys = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-            "num_key_value_heads", "vocab_size", "rope_theta", "tie_word_embeddings")
-    d = {k: getattr(c, k, None) for k in keys}
-    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def _linear_modules(model, targets) -> dict[str, torch.nn.Linear]:
@@ -217,47 +208,32 @@ class SDSATAdapter(torch.nn.Module):
         (out / PEFT_CONFIG_FILE).write_text(json.dumps(peft_cfg, indent=1))
         cfg = {"format": FORMAT, "version": VERSION, "rank": self.rank, "alpha": self.alpha,
                "targets": list(self.targets), "token_id": self.token_id, "base_identity": target_identity,
-               "base_config_hash": base_config_hash(model), "weights_dtype": str(dtype).replace("torch.", "")}
+               "base_config_hash": architecture_hash(model.config), "weights_dtype": str(dtype).replace("torch.", "")}
         cfg.update(extra or {})
         (out / CONFIG_FILE).write_text(json.dumps(cfg, indent=1))
         return out
 
 
-def resolve_artifact(spec: str | Path) -> Path:
-    """A local folder, or a hub repo id fetched with huggingface_hub.snapshot_download (clear error offline)."""
-    p = Path(spec)
-    if p.is_dir():
-        if not (p / CONFIG_FILE).exists():
-            raise AdapterError(f"{p} is not an SDSAT adapter folder (no {CONFIG_FILE}).")
-        return p
-    if p.exists() or str(spec).startswith((".", "/")) or str(spec).count("/") != 1:
-        raise AdapterError(f"SDSAT adapter '{spec}' not found: give a folder made by `python -m specdemo train sdsat`"
-                           " or a hub repo id (owner/name).")
-    try:
-        from huggingface_hub import snapshot_download
+def train_command(target) -> str:
+    return (f"python -m specdemo train sdsat --model {target.name} "
+            f"--data assets/corpus/selfdistill.jsonl.gz --out {default_artifact_dir(target)}")
 
-        return Path(snapshot_download(repo_id=str(spec), allow_patterns=["*.json", "*.safetensors", "*.md"]))
-    except Exception as exc:  # offline, missing repo, auth
-        offline = os.environ.get("HF_HUB_OFFLINE") == "1"
-        why = "the hub cannot be reached (offline)" if offline else "it could not be downloaded from the hub"
-        raise AdapterError(f"SDSAT adapter '{spec}' is not a local folder and {why} "
-                           f"({type(exc).__name__}: {str(exc)[:200]}).") from exc
+
+def mismatch(cfg: dict, target, where: Path | str) -> str | None:
+    """Why the adapter described by `cfg` does not fit `target` (None when it does)."""
+    return artifacts.mismatch(cfg, target, fmt=FORMAT, identity_key="base_identity", hash_key="base_config_hash",
+                              what="SDSAT adapter", where=where, fix=f"Train one with `{train_command(target)}`.")
 
 
 def load_adapter(spec: str | Path, target) -> tuple[SDSATAdapter, dict]:
     """Load an artifact for `target` (a specdemo Target); refuse one made for another base model."""
     from safetensors.torch import load_file
 
-    path = resolve_artifact(spec)
+    path = resolve_dir(spec, (CONFIG_FILE, ADAPTER_FILE, EMBED_FILE), "SDSAT adapter", AdapterError,
+                       f"Make one with `{train_command(target)}`.")
     cfg = json.loads((path / CONFIG_FILE).read_text())
-    if cfg.get("format") != FORMAT:
-        raise AdapterError(f"{path / CONFIG_FILE} is not an {FORMAT} config")
-    if cfg.get("base_identity") != target.identity or cfg.get("base_config_hash") != base_config_hash(target.model):
-        raise AdapterError(
-            f"The SDSAT adapter in {path} was trained for another base model (tokenizer {cfg.get('base_identity')}, "
-            f"config {cfg.get('base_config_hash')}); this model is {target.identity}, config "
-            f"{base_config_hash(target.model)}. Train one with `python -m specdemo train sdsat --model {target.name} "
-            f"--out DIR`.")
+    if (why := mismatch(cfg, target, path)) is not None:
+        raise AdapterError(why)
     ad = SDSATAdapter(target.model, cfg["rank"], cfg["alpha"], cfg["targets"], cfg["token_id"])
     ad.load_peft_state_dict(load_file(str(path / ADAPTER_FILE)))
     with torch.no_grad():

@@ -15,6 +15,7 @@ lossless.
 """
 from __future__ import annotations
 
+import json
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
@@ -22,16 +23,17 @@ import torch
 
 from specdemo.budget import best_size, calibrated_cost
 from specdemo.calibration import available as calibration_available
-from specdemo.drafters import DrafterUnavailable, Knob
+from specdemo.drafters import DrafterUnavailable, Knob, pld
+from specdemo.drafters.sdsat.adapter import (
+    CONFIG_FILE,
+    AdapterError,
+    default_artifact_dir,
+    load_adapter,
+    mismatch,
+    train_command,
+)
 from specdemo.engine import DecodeState, Drafter, Verified
-from specdemo.tree import DraftTree, TreeBuffers
-
-
-def _train_cmd(target) -> str:
-    from specdemo.drafters.sdsat.adapter import default_artifact_dir
-
-    return (f"python -m specdemo train sdsat --model {target.name} "
-            f"--data assets/corpus/selfdistill.jsonl.gz --out {default_artifact_dir(target)}")
+from specdemo.tree import DepthTally, DraftTree, TreeBuffers
 
 
 class SDSATDrafter(Drafter):
@@ -64,8 +66,8 @@ class SDSATDrafter(Drafter):
         self._pending_p: list[list[float]] | None = None  # the probes' probabilities of those candidates
 
     def reset_stats(self) -> None:
-        self.stats = {"steps": 0, "forwards_with_draft": 0, "proposed_by_depth": [0] * self.k,
-                      "accepted_by_depth": [0] * self.k, "tree_nodes": 0}
+        self.stats = {"steps": 0, "forwards_with_draft": 0, "tree_nodes": 0}
+        self.tally = DepthTally(self.k)  # over the steps that sent drafts
 
     # ------------------------------------------------------------------ engine interface
     def begin(self, state: DecodeState, prompt_hidden) -> None:
@@ -95,9 +97,9 @@ class SDSATDrafter(Drafter):
                         main_path.append(len(tokens) - 1)
                     nxt.append(len(tokens) - 1)
             frontier = nxt
-        if self.lookup and (self.loop == "fused" or ranked):
-            self._merge_lookup(state, tokens, parents, sources, probe)
-            raw += [1.0] * (len(tokens) - len(raw))
+        if self.lookup and (self.loop == "fused" or ranked):  # option `lookup`: prompt lookup's chain as a trie branch
+            merged = DraftTree(tokens, parents, sources, probe, raw).graft(pld.lookup(state.tokens, self.lookup), "context")
+            tokens, parents, sources, probe, raw = merged.tokens, merged.parents, merged.sources, merged.probe, merged.scores
         if self.loop == "fused" or not ranked:
             origins = [-1] + (main_path if self.loop == "fused" else [])
             if self.chains >= 0:
@@ -134,21 +136,6 @@ class SDSATDrafter(Drafter):
         keep |= {i for o, c in chains.items() if o == -1 or o in keep for i in c}
         return tree.subtree(sorted(keep))
 
-    def _merge_lookup(self, state, tokens, parents, sources, probe) -> None:
-        """Option `lookup`: merge a prompt-lookup chain (drafters/pld.py) into the draft tree as a trie branch."""
-        from specdemo.drafters.pld import lookup
-
-        parent = -1
-        for tok in lookup(state.tokens, self.lookup):
-            hit = next((i for i, (t, p) in enumerate(zip(tokens, parents)) if p == parent and t == tok), None)
-            if hit is None:
-                tokens.append(tok)
-                parents.append(parent)
-                sources.append("context")
-                probe.append(False)
-                hit = len(tokens) - 1
-            parent = hit
-
     @contextmanager
     def verify_context(self, tree: DraftTree, buffers: TreeBuffers):
         rows = [i + 1 for i in range(len(tree)) if tree.is_probe(i)]
@@ -168,11 +155,7 @@ class SDSATDrafter(Drafter):
         acc = verified.accepted_nodes
         if n_draft:
             st["forwards_with_draft"] += 1
-            max_d = max(depth[i] for i in range(len(tree)) if not tree.is_probe(i))
-            for d in range(1, min(max_d, self.k) + 1):
-                st["proposed_by_depth"][d - 1] += 1
-                if len(acc) >= d:
-                    st["accepted_by_depth"][d - 1] += 1
+            self.tally.add(max(depth[i] for i in range(len(tree)) if not tree.is_probe(i)), len(acc))
         chains = _chains(tree)  # from the (possibly pruned) tree the engine verified
         if not chains:
             self._pending = self._pending_p = None
@@ -205,10 +188,6 @@ class SDSATDrafter(Drafter):
             return verified.logits[[n + 1 for n in nodes]]
         return self.target.lm_head(torch.stack([verified.probe_hidden[n] for n in nodes]))
 
-    def acceptance(self) -> dict:
-        st = self.stats
-        rates = [a / p if p else None for a, p in zip(st["accepted_by_depth"], st["proposed_by_depth"])]
-        return {"per_depth_acceptance": rates, **st}
 
 
 def _chains(tree: DraftTree) -> dict[int, list[int]]:
@@ -261,12 +240,6 @@ def self_verifying(target) -> bool:
 def make(target, adapter=None, k: int | None = None, loop: str = "fused", branching=None, chains: int | None = None,
          lookup: int = 0, shape: str | None = None, model_verifies: bool | None = None, token_id: int | None = None,
          dynamic: bool | None = None, calibration: str | None = None, **options) -> SDSATDrafter:
-    from specdemo.drafters.sdsat.adapter import (
-        AdapterError,
-        default_artifact_dir,
-        load_adapter,
-    )
-
     if options:
         raise ValueError(f"unknown SDSAT options: {', '.join(options)} "
                          "(known: adapter, k, loop, branching, chains, lookup, shape, model_verifies, token_id, dynamic, "
@@ -292,9 +265,9 @@ def make(target, adapter=None, k: int | None = None, loop: str = "fused", branch
             ad = target.artifacts[key]
         except AdapterError as exc:
             if adapter is None and not default_artifact_dir(target).exists():
-                raise DrafterUnavailable(f"No SDSAT adapter for {target.name}: create it with `{_train_cmd(target)}`.")\
+                raise DrafterUnavailable(f"No SDSAT adapter for {target.name}: create it with `{train_command(target)}`.")\
                     from exc
-            raise DrafterUnavailable(f"{exc} Create one with `{_train_cmd(target)}`.") from exc
+            raise DrafterUnavailable(f"{exc} Create one with `{train_command(target)}`.") from exc
     else:
         ad = spec  # an SDSATAdapter object (tests)
     if dynamic is None:  # per-step sizing where verification cost grows with the tree and a calibration exists
@@ -305,23 +278,16 @@ def make(target, adapter=None, k: int | None = None, loop: str = "fused", branch
 
 def unavailable_reason(target) -> str | None:
     """Cheap: reads the default artifact's config only (no weights)."""
-    import json
-
-    from specdemo.drafters.sdsat.adapter import (
-        CONFIG_FILE,
-        base_config_hash,
-        default_artifact_dir,
-    )
-
     if self_verifying(target):
         return None
     path = default_artifact_dir(target) / CONFIG_FILE
     if not path.exists():
-        return f"No SDSAT adapter for {target.name}: create it with `{_train_cmd(target)}`."
-    cfg = json.loads(path.read_text())
-    if cfg.get("base_identity") != target.identity or cfg.get("base_config_hash") != base_config_hash(target.model):
-        return f"The SDSAT adapter in {path.parent} was trained for another model: run `{_train_cmd(target)}`."
-    return None
+        return f"No SDSAT adapter for {target.name}: create it with `{train_command(target)}`."
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return f"The SDSAT adapter config {path} is unreadable: rebuild it with `{train_command(target)}`."
+    return mismatch(cfg, target, path.parent)
 
 
 KNOBS = (
