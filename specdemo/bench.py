@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from specdemo.budget import cost_curves, pin_cost_curves
+from specdemo.budget import cost_curves, measure_cost_curves, pin_cost_curves
 from specdemo.drafters import METHODS, make_drafter
 from specdemo.engine import GenerationConfig, generate
 from specdemo.prompts import has_groups, load_prompts, stratified
@@ -81,6 +81,7 @@ def run_bench(target: Target, methods: list[str], prompts: list[dict], max_new_t
     options = options or {}
     encoded = [(p["id"], target.encode_prompt(p["prompt"])) for p in prompts]
     groups = [p.get("group") for p in prompts]
+    measure_cost_curves(target)  # before any run: no method's first step pays for it
     if warmup and encoded:
         for m in methods:  # one short run per method: allocator, kernels, datastore pages, cost curves
             run_one(target, m, encoded[0][1], min(16, max_new_tokens), sampling, options.get(m))

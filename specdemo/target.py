@@ -194,11 +194,12 @@ def load_target(name: str = EMBEDDED, device: str | None = None, dtype: str | No
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except (OSError, ValueError, KeyError) as exc:
         offline = os.environ.get("HF_HUB_OFFLINE") == "1"
-        hint = (
-            "it is not a local folder and the hub cannot be reached (offline)"
-            if offline or "offline" in str(exc).lower() or "connect" in str(exc).lower()
-            else "it is not a local model folder nor a causal-LM repo id on the hub"
-        )
+        if name != EMBEDDED and Path(path).expanduser().exists():
+            hint = "that local path is not a model folder (one holds config.json, the weights and a tokenizer)"
+        elif offline or "offline" in str(exc).lower() or "connect" in str(exc).lower():
+            hint = "it is not a local path and the hub cannot be reached (offline)"
+        else:
+            hint = "it is neither a local model folder nor a causal-LM repo id on the hub"
         raise ModelLoadError(f"Cannot load model '{name}': {hint}. ({type(exc).__name__}: {str(exc)[:300]})") from exc
     if "device_map" not in kwargs:
         model.to(dev)

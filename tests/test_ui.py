@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from specdemo.app.page import MODEL_WORK, QUEUE_SIZE, _options, on_generate
+from specdemo.app.page import MODEL_WORK, MODEL_WORK_LIMIT, QUEUE_SIZE, _options, on_generate
 from specdemo.app.plots import plots
 from specdemo.app.race import TextBuilder, summarize
 from specdemo.app.render import (
@@ -17,8 +17,10 @@ from specdemo.app.render import (
     summary_html,
     tree_html,
 )
-from specdemo.app.session import RaceRecord, RaceRequest, record_json, run_race
-from specdemo.drafters import all_knobs
+from specdemo.app.gate import Gate
+from specdemo.app.request import MAX_SEED, UserError, race_request
+from specdemo.app.session import MAX_WAITING, RaceRecord, RaceRequest, record_json, run_race
+from specdemo.drafters import REGISTRY, all_knobs, check_options, options
 from specdemo.engine import StepEvent
 from specdemo.tree import DraftTree
 
@@ -127,6 +129,78 @@ def test_knobs_become_drafter_options():
     assert _options("s4c", tuple(9 if k.option == "budget" else k.value for k in all_knobs()))["budget"] == 9
 
 
+# ------------------------------------------------------------------------------------- input checks at the edge
+
+# (race_request arguments, a piece of the message): each names the allowed range or the valid names
+BAD_INPUTS = [
+    (dict(seed=2**70), "Seed must be an integer from 0 to 9223372036854775807"),
+    (dict(seed=-1), "Seed must be an integer from 0"),
+    (dict(seed=1.5), "Seed must be an integer"),
+    (dict(seed="abc"), "Seed must be an integer"),
+    (dict(temperature=-0.1), "Temperature must be a number from 0 to 2"),
+    (dict(temperature=float("nan")), "Temperature must be a number"),
+    (dict(temperature="hot"), "Temperature must be a number"),
+    (dict(top_p=0), "Top-p must be a number above 0 and at most 1"),
+    (dict(top_p=1.5), "Top-p must be a number above 0 and at most 1"),
+    (dict(top_k=-3), "Top-k must be an integer from 0 to 1000"),
+    (dict(top_k=2.5), "Top-k must be an integer"),
+    (dict(max_new_tokens=0), "Max new tokens must be an integer from 1 to 512"),
+    (dict(max_new_tokens=10**9), "Max new tokens must be an integer from 1 to 512"),
+    (dict(max_new_tokens=True), "Max new tokens must be an integer"),
+    (dict(method="medusa"), "Unknown mode 'medusa'. Choose one of: rest, s4c, sdsat, pld"),
+    (dict(method=7), "Mode must be text"),
+    (dict(prompt=["a"]), "Prompt must be text"),
+    (dict(prompt="x" * 20_000), "this demo takes up to 16,000"),
+    (dict(model="m" * 300), "this demo takes up to 256"),
+    (dict(options="budget=3"), "options must be a dict"),
+    (dict(options={"warp": 1}), "Prompt lookup has no option 'warp'. Its options: num_tokens (an integer from 1 to 64)"),
+    (dict(options={"num_tokens": 0}), "option num_tokens=0 is not allowed: give an integer from 1 to 64"),
+    (dict(options={"num_tokens": "many"}), "give an integer from 1 to 64"),
+    (dict(options={"adaptive": "maybe"}), "give true or false"),
+    (dict(method="rest", options={"scoring": "vibes"}), "give one of 'acceptance', 'count'"),
+    (dict(method="rest", options={"budget": 10**6}), "give an integer from 1 to 256"),
+    (dict(method="s4c", options={"budget": "huge"}), "give an integer from 1 to 256 or 'auto'"),
+    (dict(method="s4c", options={"tree": 3}), "give one of 's4c', 'chain', 'eagle'"),
+    (dict(method="sdsat", options={"branching": "4,x"}), "give integers from 1 to 64, comma-separated"),
+    (dict(method="sdsat", options={"k": float("inf")}), "give an integer from 1 to 16"),
+]
+
+
+@pytest.mark.parametrize("kwargs, expect", BAD_INPUTS)
+def test_bad_input_is_refused_with_the_allowed_range(kwargs, expect):
+    args = dict(prompt="Hello", method="pld") | kwargs
+    with pytest.raises(UserError) as info:
+        race_request(**args)
+    assert expect in str(info.value)
+
+
+def test_good_input_is_normalised():
+    req = race_request("Hi", " REST ", "", 16.0, "0.5", 0.9, 40.0, "", {"budget": "12", "use_context": "false",
+                                                                          "datastore": "none"})
+    assert req.method == "rest" and req.model == "embedded" and req.max_new_tokens == 16
+    assert (req.sampling.temperature, req.sampling.top_p, req.sampling.top_k, req.sampling.seed) == (0.5, 0.9, 40, 0)
+    assert req.options == {"budget": 12, "use_context": False, "datastore": "none"}
+    assert race_request("Hi", seed=MAX_SEED).sampling.seed == MAX_SEED
+
+
+def test_every_knob_is_a_declared_option_in_range():
+    for method in REGISTRY:
+        declared = {o.name: o for o in options(method.name)}
+        for knob in all_knobs():
+            if knob.method == method.name:
+                opt = declared[knob.option]
+                for v in (max(knob.minimum, 1), knob.maximum, knob.value or knob.maximum):
+                    assert opt.check(v) == v
+    with pytest.raises(ValueError, match="takes no options"):
+        check_options("ar", {"budget": 3})
+
+
+def test_page_handler_shows_a_bad_input_message():
+    knobs = tuple(k.value for k in all_knobs())
+    out = list(on_generate("embedded", "pld", "Hello", 64, 0.0, 1.0, 0, 2**70, *knobs))
+    assert len(out) == 1 and "Seed must be an integer from 0 to 9223372036854775807" in out[0][3]
+
+
 # --------------------------------------------------------------------------------------------- the race loop
 
 def test_run_race_streams_and_stops_within_one_step(embedded):
@@ -140,14 +214,26 @@ def test_run_race_streams_and_stops_within_one_step(embedded):
     assert "Stopped" in rec.message
 
 
-def test_page_handler_streams_panes_and_ends_with_a_record(embedded):
-    outs = list(on_generate("embedded", "pld", SHORT, 8, 0.0, 1.0, 0, 0, *(k.value for k in all_knobs())))
-    assert len(outs) > 3
-    final = outs[-1]
-    assert "racing" in outs[2][0] or "racing" in outs[2][1]
-    rec = final[7]
-    assert isinstance(rec, RaceRecord) and rec.status == "done" and rec.summary.identical
-    assert "sd-pane-spec" in final[1] and 'data-status="done"' in final[2]
+def test_page_handler_throttles_and_ends_with_the_whole_run(embedded, monkeypatch):
+    import gradio as gr
+
+    import specdemo.app.page as page
+
+    knobs = tuple(k.value for k in all_knobs())
+    monkeypatch.setattr(page, "TEXT_EVERY", 0.0)
+    every = list(on_generate("embedded", "pld", SHORT, 8, 0.0, 1.0, 0, 0, *knobs))
+    monkeypatch.setattr(page, "TEXT_EVERY", 3600.0)
+    few = list(on_generate("embedded", "pld", SHORT, 8, 0.0, 1.0, 0, 0, *knobs))
+    assert len(few) == 3 < len(every)  # throttled: the start, the first step (a status change), the end
+    assert "racing" in every[2][0] or "racing" in every[2][1]
+    for outs in (every, few):
+        final = outs[-1]
+        rec = final[7]
+        assert isinstance(rec, RaceRecord) and rec.status == "done" and rec.summary.identical
+        assert final[0] == pane_html(rec, "ar") and final[1] == pane_html(rec, "spec")  # the whole run, both panes
+        assert 'data-status="done"' in final[2] and "page and bookkeeping" in final[2]
+        assert not any(isinstance(x, type(gr.skip())) and x == gr.skip() for x in final[4:7])  # the plots redrawn
+        assert f"<b>{rec.runs['spec'].n_tokens}</b> tokens" in final[1] and rec.runs["spec"].n_tokens == 8
 
 
 # ------------------------------------------------------------------------------------- the app, over HTTP
@@ -176,12 +262,12 @@ def client(app):
     return Client(app[1], verbose=False)
 
 
-def test_queue_serialises_model_work(app):
+def test_model_work_goes_through_the_gate(app):
     demo, _ = app
-    assert demo._queue.max_size == QUEUE_SIZE
+    assert demo._queue.max_size == QUEUE_SIZE and QUEUE_SIZE > MODEL_WORK_LIMIT > MAX_WAITING
     deps = {d.api_name: d for d in demo.fns.values()}
     for name in ("race", "generate"):
-        assert deps[name].concurrency_id == MODEL_WORK and deps[name].concurrency_limit == 1
+        assert deps[name].concurrency_id == MODEL_WORK and deps[name].concurrency_limit == MODEL_WORK_LIMIT
 
 
 @pytest.mark.parametrize("args, expect", [
@@ -189,10 +275,42 @@ def test_queue_serialises_model_work(app):
     (("x" * 20_000, "pld"), "characters"),
     (("Hello", "pld", "no-such-org/no-such-model-xyz"), "Cannot load model"),
     (("Hello", "medusa"), "Unknown mode"),
+    (("Hello", "pld", "embedded", 64, 0.0, 1.0, 0, 2**70), "Seed must be an integer from 0 to 9223372036854775807"),
+    (("Hello", "pld", "embedded", 64, 0.0, 1.0, 0, 0, {"warp": 3}), "Its options: num_tokens"),
+    (("Hello", "rest", "embedded", 64, 0.0, 0.0), "Top-p must be a number above 0 and at most 1"),
 ])
 def test_errors_come_back_as_messages(client, args, expect):
     out = client.predict(*args, api_name="/race")
     assert out["status"] == "error" and expect in out["message"]
+    assert set(out) >= {"ar", "spec", "summary", "model", "method"}
+
+
+def test_a_full_line_is_refused_with_a_message(client, monkeypatch):
+    import specdemo.app.session as session
+
+    gate = Gate(max_waiting=0)
+    holder = gate.join()
+    assert gate.wait(holder, 0) == 0  # someone else's race holds the gate; nobody may wait behind it
+    monkeypatch.setattr(session, "GATE", gate)
+    out = client.predict("Hello", "pld", api_name="/race")
+    assert out["status"] == "error" and "The demo is busy" in out["message"] and "at most 0" in out["message"]
+    page = list(on_generate("embedded", "pld", "Hello", 8, 0.0, 1.0, 0, 0, *(k.value for k in all_knobs())))
+    assert "The demo is busy" in page[-1][3]
+
+
+def test_a_queued_race_says_so_and_runs_when_its_turn_comes(embedded, monkeypatch):
+    import specdemo.app.session as session
+
+    gate = Gate(max_waiting=4)
+    holder = gate.join()
+    gate.wait(holder, 0)
+    monkeypatch.setattr(session, "GATE", gate)
+    stream = run_race(RaceRequest(SHORT, "pld", max_new_tokens=4))
+    first = next(stream)
+    assert first.status == "queued" and "Waiting for 1 request ahead of yours" in first.message
+    gate.leave(holder)
+    final = list(stream)[-1]
+    assert final.status == "done" and final.queue_wait_s > 0 and gate.waiting() == 0
 
 
 def test_missing_artifact_is_a_message(client, monkeypatch):
@@ -225,7 +343,7 @@ def test_race_api_streams_a_greedy_prompt_lookup_run(client):
 
 
 def test_bench_tab_formats_run_bench_results(monkeypatch, embedded):
-    import specdemo.bench as bench
+    import specdemo.app.session as session
     from specdemo.app.page import on_bench
 
     def fake_run_bench(target, methods, prompts, max_new_tokens, sampling=None, options=None, progress=None,
@@ -237,7 +355,7 @@ def test_bench_tab_formats_run_bench_results(monkeypatch, embedded):
         return {"device": "cpu", "model": target.name,
                 "methods": {"ar": row(10.0, 1.0, 1.0), "pld": row(15.0, 1.5, 2.5)}}
 
-    monkeypatch.setattr(bench, "run_bench", fake_run_bench)
+    monkeypatch.setattr(session, "run_bench", fake_run_bench)
     table, bars, note, download = on_bench("embedded", ["pld"], ["Code"], 16, progress=lambda *a, **k: None)
     assert list(table["method"]) == ["Autoregressive", "Prompt lookup"] and list(table["identical"]) == ["100%", "100%"]
     assert "1.50×" in bars and "Speedup" in bars and "1 prompts" in note

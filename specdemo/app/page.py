@@ -16,6 +16,7 @@ import pandas as pd
 
 from specdemo import ASSETS
 from specdemo.app.plots import plots
+from specdemo.app.public import public_mode
 from specdemo.app.render import (
     bench_bars_html,
     header_html,
@@ -25,27 +26,29 @@ from specdemo.app.render import (
     show_step,
     summary_html,
 )
+from specdemo.app.request import MAX_NEW_TOKENS, MODES, UserError, race_request
 from specdemo.app.session import (
     DEFAULT_MODE_ORDER,
-    MAX_NEW_TOKENS,
+    GATE,
+    MAX_WAITING,
     MODELS,
-    MODES,
     ZERO_GPU,
     RaceRecord,
-    RaceRequest,
-    UserError,
     availability,
     bench_on_device,
     explain_error,
+    load_model,
     race_api,
     record_json,
     run_race,
+    throttled,
 )
 from specdemo.drafters import (
     LABELS,
     REGISTRY,
     all_knobs,
     knobs,
+    options,
 )
 from specdemo.sampling import SamplingConfig
 from specdemo.target import (
@@ -60,8 +63,14 @@ MODEL_CHOICES = (
     "Qwen/Qwen2.5-Coder-0.5B-Instruct",
     "Qwen/Qwen2.5-1.5B-Instruct",
 )
-QUEUE_SIZE = 16
-MODEL_WORK = "model"  # the concurrency id every event that touches a model shares: one at a time per device
+# Every event that touches a model shares one concurrency id.  Gradio lets enough of them in for the gate's line
+# (session.GATE serialises the model work itself and refuses the overflow with a message); its own queue is only a
+# backstop, since a request it refuses reaches a scripted client as an error without a message.
+MODEL_WORK = "model"
+TEXT_EVERY = 0.1  # seconds between two updates of the panes while racing
+PLOT_EVERY = 1.0  # seconds between two redraws of the live plots
+MODEL_WORK_LIMIT = MAX_WAITING + 2
+QUEUE_SIZE = 4 * MAX_WAITING
 
 
 EXAMPLES = (  # (category, prompt): the first is the default
@@ -122,17 +131,22 @@ def _write_json(data: dict, prefix: str) -> str:
 def on_generate(model: str, method: str, prompt: str, max_new_tokens: float, temperature: float, top_p: float,
                 top_k: float, seed: float, *knobs, request: gr.Request | None = None):
     """The page's Generate: stream the race into both panes, the summary and (throttled) the plots."""
-    sampling = SamplingConfig(float(temperature), float(top_p), int(top_k), int(seed or 0))
-    req = RaceRequest(prompt or "", method or "pld", model or EMBEDDED, int(max_new_tokens), sampling,
-                      _options(method, knobs))
+    try:
+        req = race_request(prompt, method or "pld", model or EMBEDDED, max_new_tokens, temperature, top_p, top_k, seed,
+                           _options(method, knobs))
+    except UserError as exc:
+        gr.Warning(str(exc))
+        yield (gr.skip(),) * 3 + (message_html(str(exc), "error"),) + (gr.skip(),) * 9
+        return
     stop = _STOPS.setdefault(_session(request), threading.Event())
     stop.clear()
     last_plot = 0.0
     try:
-        for rec in run_race(req, None if ZERO_GPU else stop):
+        # few updates: the text at most every TEXT_EVERY, the plots at most every PLOT_EVERY (see session.throttled)
+        for rec in throttled(run_race(req, None if ZERO_GPU else stop), TEXT_EVERY):
             final = not rec.active
             now = time.monotonic()
-            plot_now = final or now - last_plot > 1.0
+            plot_now = final or now - last_plot > PLOT_EVERY
             if plot_now:
                 last_plot = now
             if final and rec.status == "error":
@@ -141,7 +155,8 @@ def on_generate(model: str, method: str, prompt: str, max_new_tokens: float, tem
             steps = show_step(rec, 1) if final else (gr.skip(),) * 3
             yield (
                 pane_html(rec, "ar"), pane_html(rec, "spec"), summary_html(rec),
-                message_html(rec.message, "error" if rec.status == "error" else "info") if final else "",
+                message_html(rec.message, "error" if rec.status == "error" else "info") if final or rec.message
+                else "",
                 *(plot_updates(rec) if plot_now else (gr.skip(),) * 3),
                 rec if final else gr.skip(),
                 gr.Slider(minimum=1, maximum=max(n, 2), value=1, step=1, interactive=n > 1) if final else gr.skip(),
@@ -166,7 +181,11 @@ def on_stop(request: gr.Request | None = None) -> None:
 def on_load_model(model: str, current: str | None):
     """Load (or fetch from cache) the model; refresh the header and which modes can run on it."""
     try:
-        target = MODELS.get(model)
+        if model in MODELS:
+            target = MODELS.get(model)
+        else:
+            with GATE.turn():  # loading competes with a running race for the cores (and may evict a model)
+                target = load_model(model)
     except Exception as exc:  # noqa: BLE001
         msg = explain_error(exc)
         gr.Warning(msg)
@@ -203,14 +222,15 @@ def on_bench(model: str, methods: list[str], prompt_labels: list[str], max_new_t
         chosen = [(c, p) for c, p in EXAMPLES if c in (prompt_labels or [])]
         if not chosen:
             raise UserError("Pick at least one example prompt.")
-        target = MODELS.get(model)
         prompts = [{"id": c, "prompt": p} for c, p in chosen]
 
         def report(i: int, n: int, pid: str = "", method: str = "", *_) -> None:
             progress(i / max(n, 1), desc=f"{pid} · {LABELS.get(method, method)}")
 
-        result = bench_on_device(target, list(methods), prompts, int(max_new_tokens), sampling=SamplingConfig(),
-                                 progress=None if ZERO_GPU else report)
+        with GATE.turn():
+            target = load_model(model)
+            result = bench_on_device(target, list(methods), prompts, int(max_new_tokens), sampling=SamplingConfig(),
+                                     progress=None if ZERO_GPU else report)
     except Exception as exc:  # noqa: BLE001
         msg = explain_error(exc)
         gr.Warning(msg)
@@ -243,8 +263,8 @@ def _controls(ui: SimpleNamespace, default_model: str) -> None:
         with gr.Column(scale=4):
             with gr.Row():
                 ui.model = gr.Dropdown(list(MODEL_CHOICES), value=default_model, allow_custom_value=True,
-                                       label="Model", info="embedded = SmolLM2-135M-Instruct, offline; or a hub id "
-                                       "or local folder", scale=4)
+                                       label="Model", info="embedded = SmolLM2-135M-Instruct, offline; or a hub id"
+                                       + ("" if public_mode() else " or local folder"), scale=4)
                 ui.load_btn = gr.Button("Load", scale=1, min_width=70, size="md", elem_id="sd-load")
             ui.mode = gr.Radio([(LABELS.get(m, m), m) for m in MODES], value=None, label="Speculative mode",
                                elem_id="sd-mode")
@@ -336,7 +356,7 @@ def _tabs(ui: SimpleNamespace) -> None:
 def _wire(demo: gr.Blocks, ui: SimpleNamespace) -> None:
     """Every event of the page, and the /race endpoint."""
     load_outputs = [ui.header, ui.mode, ui.modes_box, ui.message, ui.avail_state, ui.bench_methods, ui.gen_btn]
-    model_work = dict(concurrency_id=MODEL_WORK, concurrency_limit=1)
+    model_work = dict(concurrency_id=MODEL_WORK, concurrency_limit=MODEL_WORK_LIMIT)
     demo.load(on_load_model, [ui.model, ui.mode], load_outputs, api_visibility="private", **model_work)
     ui.load_btn.click(on_load_model, [ui.model, ui.mode], load_outputs, api_visibility="private", **model_work)
     ui.model.input(on_load_model, [ui.model, ui.mode], load_outputs, api_visibility="private", **model_work)
@@ -427,11 +447,12 @@ model) and the options the page offers (a drafter takes more, see README):
 
 
 def methods_doc() -> str:
-    """One line per registered method: name, what it does, its options with their ranges (from the registry)."""
+    """Per registered method: name, what it does, and every option with its allowed values (from the drafters' own
+    declarations, the same ones requests are checked against)."""
     lines = []
     for m in REGISTRY:
-        opts = ", ".join(f"`{k.option}` {k.minimum}–{k.maximum}" for k in knobs(m.name))
-        lines.append(f"- `{m.name}` ({m.label}): {m.summary}" + (f" · options: {opts}" if opts else ""))
+        lines.append(f"- `{m.name}` ({m.label}): {m.summary}")
+        lines += [f"    - `{o.name}`: {o.allowed()} · {o.help}" for o in options(m.name)]
     return "\n".join(lines)
 
 

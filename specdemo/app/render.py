@@ -92,7 +92,12 @@ def summary_html(rec: RaceRecord | None) -> str:
     ]
     inner = "".join(f'<div class="sd-card {cls}"><div class="sd-card-label">{k}</div><div class="sd-card-value">{v}'
                     f'</div><div class="sd-card-note">{n}</div></div>' for k, v, n, cls in cards)
-    return f'<div class="sd-summary" data-status="{rec.status}">{inner}</div>'
+    wall, other = rec.wall_s, rec.other_s
+    clock = (f'<div class="sd-clock">wall {wall:.2f} s: decoding {wall - other:.2f} s · page and bookkeeping '
+             f'{other:.2f} s ({100 * other / wall:.0f}%), not charged to either run</div>' if wall > 0 else "")
+    data = (f'data-status="{rec.status}" data-speedup="{s.speedup or 0:.4f}" '
+            f'data-ar-tps="{rec.runs["ar"].tokens_per_s:.4f}" data-wall-s="{wall:.3f}" data-page-s="{other:.3f}"')
+    return f'<div class="sd-summary" {data}>{inner}{clock}</div>'
 
 
 def message_html(text: str | None, kind: str = "error") -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator
@@ -14,8 +15,20 @@ from typing import Callable, Iterator
 import torch
 
 from specdemo import __version__
+from specdemo.app.gate import Busy, Gate
+from specdemo.app.public import PublicModeRefusal, check_model
 from specdemo.app.race import Piece, Race, Run, Summary, TextBuilder, summarize
+from specdemo.app.request import (
+    MAX_MODEL_CHARS,
+    MAX_NEW_TOKENS,
+    MAX_PROMPT_CHARS,
+    MODES,
+    RaceRequest,
+    UserError,
+    race_request,
+)
 from specdemo.bench import run_bench
+from specdemo.budget import measure_cost_curves
 from specdemo.drafters import (
     LABELS,
     REGISTRY,
@@ -26,7 +39,6 @@ from specdemo.drafters import (
 )
 from specdemo.engine import GenerationConfig, StepEvent, generate, validate_request
 from specdemo.offline.build_datastore import ensure_default
-from specdemo.sampling import SamplingConfig
 from specdemo.target import (
     EMBEDDED,
     ModelLoadError,
@@ -35,10 +47,7 @@ from specdemo.target import (
     load_target,
 )
 
-MODES = tuple(m.name for m in REGISTRY)  # the order the page shows them in
 DEFAULT_MODE_ORDER = tuple(m.name for m in sorted(REGISTRY, key=lambda m: m.default_rank))
-MAX_PROMPT_CHARS = 16_000  # before tokenising; the token limit itself comes from the model's context
-MAX_NEW_TOKENS = 512
 ZERO_GPU = bool(os.environ.get("SPACES_ZERO_GPU"))
 
 
@@ -59,6 +68,10 @@ class ModelCache:
         self._targets: OrderedDict[str, Target] = OrderedDict()
         self._lock = threading.Lock()
 
+    def __contains__(self, name: str) -> bool:
+        with self._lock:
+            return ((name or EMBEDDED).strip() or EMBEDDED) in self._targets
+
     def get(self, name: str) -> Target:
         name = (name or EMBEDDED).strip() or EMBEDDED
         with self._lock:
@@ -69,6 +82,7 @@ class ModelCache:
             target = load_target(name)
             if name == EMBEDDED:  # a no-op when current; `make setup` builds it before the app starts
                 ensure_default(target)
+            measure_cost_curves(target)  # here, not in the first race's first step
             self._targets[name] = target
             return target
 
@@ -77,6 +91,7 @@ class ModelCache:
         with self._lock:
             if name not in self._targets:
                 self._make_room()
+            measure_cost_curves(target)
             self._targets[name] = target
 
     def _make_room(self) -> None:
@@ -89,6 +104,17 @@ class ModelCache:
 
 
 MODELS = ModelCache()
+
+
+def load_model(name: str) -> Target:
+    """The model `name`, from the cache or loaded; the public mode's rules are checked before anything is fetched."""
+    if name not in MODELS:
+        check_model((name or EMBEDDED).strip() or EMBEDDED)
+    return MODELS.get(name)
+
+STREAM_EVERY = 0.1  # seconds between two streamed `/race` updates while racing
+MAX_WAITING = 16  # requests queued behind the running one; the next is refused with a message
+GATE = Gate(MAX_WAITING)
 
 
 def availability(target: Target) -> dict[str, str | None]:
@@ -104,20 +130,6 @@ def availability(target: Target) -> dict[str, str | None]:
     return out
 
 
-class UserError(Exception):
-    """A problem the user can fix; its message is shown in the page."""
-
-
-@dataclass
-class RaceRequest:
-    prompt: str
-    method: str = "pld"
-    model: str = EMBEDDED
-    max_new_tokens: int = 128
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    options: dict = field(default_factory=dict)
-
-
 @dataclass
 class RaceRecord:
     """Everything the page and the API show about one race; plain data, safe to keep in gr.State."""
@@ -126,8 +138,11 @@ class RaceRecord:
     model: str = ""
     device: str = ""
     dtype: str = ""
-    status: str = "starting"  # starting | running | done | stopped | error
+    status: str = "queued"  # queued | starting | running | done | stopped | error
     message: str | None = None
+    queue_wait_s: float = 0.0  # seconds spent waiting for the races ahead of this one
+    started: float | None = None  # perf_counter when decoding began; wall_s runs from here
+    ended: float | None = None
     runs: dict[str, Run] = field(default_factory=lambda: {"ar": Run("ar"), "spec": Run("spec")})
     pieces: dict[str, list[Piece]] = field(default_factory=lambda: {"ar": [], "spec": []})
     texts: dict[str, str] = field(default_factory=lambda: {"ar": "", "spec": ""})
@@ -140,8 +155,21 @@ class RaceRecord:
         return LABELS.get(self.request.method, self.request.method)
 
     @property
+    def wall_s(self) -> float:
+        """Wall time since decoding began (to the end, once over)."""
+        if self.started is None:
+            return 0.0
+        return (self.ended or time.perf_counter()) - self.started
+
+    @property
+    def other_s(self) -> float:
+        """Wall time that went to neither run's compute: whoever consumes the stream (the page's rendering and
+        sending) and the race's bookkeeping.  Near zero through `/race`; what the page costs in the page."""
+        return max(0.0, self.wall_s - self.runs["ar"].compute_s - self.runs["spec"].compute_s)
+
+    @property
     def active(self) -> bool:
-        return self.status in ("starting", "running")
+        return self.status in ("queued", "starting", "running")
 
 
 def prepare(req: RaceRequest) -> tuple[Target, list[int], GenerationConfig]:
@@ -155,7 +183,7 @@ def prepare(req: RaceRequest) -> tuple[Target, list[int], GenerationConfig]:
     if not 1 <= req.max_new_tokens <= MAX_NEW_TOKENS:
         raise UserError(f"Max new tokens must be between 1 and {MAX_NEW_TOKENS}.")
     try:
-        target = MODELS.get(req.model)
+        target = load_model(req.model)
     except ModelLoadError as exc:
         raise UserError(str(exc)) from exc
     reason = unavailable_reason(req.method, target)
@@ -192,7 +220,7 @@ bench_on_device = _gpu(_bench, duration=300)  # decorated at import time, as Zer
 
 def explain_error(exc: BaseException) -> str:
     """A message for the page; the app keeps serving whatever went wrong."""
-    if isinstance(exc, (UserError, ModelLoadError, UnsupportedForTree, DrafterUnavailable)):
+    if isinstance(exc, (UserError, Busy, PublicModeRefusal, ModelLoadError, UnsupportedForTree, DrafterUnavailable)):
         return str(exc)
     if isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower():
         if torch.cuda.is_available():
@@ -209,15 +237,24 @@ def run_race(req: RaceRequest, stop: threading.Event | None = None) -> Iterator[
     `stop` is checked after every step, so Stop takes effect within one step.
     """
     rec = RaceRecord(req)
-    events = None
+    events, ticket = None, None
     try:
+        ticket = GATE.join()
+        while ahead := GATE.wait(ticket, 1.0):
+            rec.message = f"Waiting for {ahead} request{'s' if ahead > 1 else ''} ahead of yours to finish."
+            yield rec
+            if stop is not None and stop.is_set():
+                rec.status, rec.message = "stopped", "Stopped while waiting for its turn."
+                yield rec
+                return
+        rec.status, rec.message, rec.queue_wait_s = "starting", None, round(ticket.waited, 3)
         target, ids, _ = prepare(req)
         rec.model, rec.device, rec.dtype = target.name, target.device.type, str(target.dtype).replace("torch.", "")
         rec.prompt_tail = ids[-1:]
         builders = {"ar": TextBuilder(target.decode), "spec": TextBuilder(target.decode)}
         rec.pieces = {k: b.pieces for k, b in builders.items()}
         yield rec
-        rec.status = "running"
+        rec.status, rec.started = "running", time.perf_counter()
         events = race_events(req)
         for name, ev in events:
             rec.runs[name].add(ev)
@@ -239,7 +276,28 @@ def run_race(req: RaceRequest, stop: threading.Event | None = None) -> Iterator[
     finally:
         if events is not None and hasattr(events, "close"):
             events.close()
+        if ticket is not None:
+            GATE.leave(ticket)
+    if rec.started is not None:
+        rec.ended = time.perf_counter()
     yield rec
+
+
+def throttled(records: Iterator[RaceRecord], every: float) -> Iterator[RaceRecord]:
+    """The records a watcher needs: every status change, at most one per `every` seconds in between, and always the
+    last (which carries the whole run).  What is skipped costs nothing: the race goes on, and a watcher's work
+    (rendering, sending, drawing) would share the cores with the decoding it watches."""
+    last_sent, last_status = 0.0, None
+    try:
+        for rec in records:
+            now = time.monotonic()
+            if rec.active and rec.status == last_status and now - last_sent < every:
+                continue
+            last_sent, last_status = now, rec.status
+            yield rec
+    finally:  # a watcher that leaves (a closed page, a cancelled job) ends the race and frees its place in line
+        if hasattr(records, "close"):
+            records.close()
 
 
 def record_json(rec: RaceRecord) -> dict:
@@ -274,15 +332,28 @@ def race_api(prompt: str, method: str = "pld", model: str = EMBEDDED, max_new_to
              temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
              options: dict | None = None) -> dict:
     """Race plain decoding against `method` on `prompt`; streams a dict after every step, the last one final.
+    A request out of range gets one dict with status "error" and a message that names the allowed range.
 
-    Keys: status (running|done|stopped|error), message, model, method, ar / spec (text, new_tokens, wall_time,
-    tokens_per_s, decoding_steps, accept_lengths, tau, done; spec also spans: [{text, step, accepted_draft, source}]), summary
-    (speedup, tau, forwards_saved, identical, complete) and, in the final dict, run (the exported JSON).
-    """
-    req = RaceRequest(prompt or "", (method or "pld").lower().strip(), model or EMBEDDED, int(max_new_tokens),
-                      SamplingConfig(float(temperature), float(top_p), int(top_k), int(seed or 0)), dict(options or {}))
-    for rec in run_race(req):
+    Keys: status (queued|starting|running|done|stopped|error), message, model, method, queue_wait_s, ar / spec (text,
+    new_tokens, wall_time, tokens_per_s, decoding_steps, accept_lengths, tau, done; spec also spans: [{text, step,
+    accepted_draft, source}]), summary (speedup, tau, forwards_saved, identical, complete) and, in the final dict, run
+    (the exported JSON)."""
+    try:
+        req = race_request(prompt, method, model, max_new_tokens, temperature, top_p, top_k, seed, options)
+    except UserError as exc:
+        yield refused_view(str(exc), method, model)
+        return
+    for rec in throttled(run_race(req), STREAM_EVERY):
         yield api_view(rec)
+
+
+def refused_view(message: str, method, model) -> dict:
+    """What `/race` sends for a request refused before it started: api_view's keys, empty panes."""
+    rec = RaceRecord(RaceRequest(""), status="error", message=message)
+    out = api_view(rec)
+    out["method"], out["model"] = str(method)[:40], str(model)[:MAX_MODEL_CHARS]
+    out.pop("run", None)  # nothing ran
+    return out
 
 
 LIVE_FIELDS = ("text", "new_tokens", "wall_time", "tokens_per_s", "decoding_steps", "accept_lengths", "tau")
@@ -296,7 +367,7 @@ def api_view(rec: RaceRecord) -> dict:
     for key, method in (("ar", "ar"), ("spec", rec.request.method)):
         panes[key] = {k: record["runs"][method][k] for k in LIVE_FIELDS} | {"done": rec.runs[key].done}
     out = {"status": rec.status, "message": rec.message, "model": rec.model, "method": rec.request.method,
-           **panes, "summary": record["summary"]}
+           "queue_wait_s": rec.queue_wait_s, **panes, "summary": record["summary"]}
     out["spec"]["spans"] = [{"text": p.text, "step": p.step + 1, "accepted_draft": p.from_draft, "source": p.source}
                             for p in TextBuilder.groups_of(rec.pieces["spec"]) if p.text]
     if not rec.active:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specdemo.budget import cost_at, relative_cost, verify_cost_curve
-from specdemo.drafters import Knob
+from specdemo.drafters import Knob, Option
 from specdemo.engine import DecodeState, Drafter, Verified
 from specdemo.tree import DraftTree
 
@@ -92,8 +92,19 @@ class PromptLookupDrafter(Drafter):
         self._shadows = pending
 
 
-def make(target, **options) -> PromptLookupDrafter:
-    return PromptLookupDrafter(**options)
+def make(target, num_tokens: int = 10, max_ngram: int = 3, min_ngram: int = 1, adaptive: bool = True
+         ) -> PromptLookupDrafter:
+    if min_ngram > max_ngram:
+        raise ValueError(f"Prompt lookup needs min_ngram <= max_ngram (got {min_ngram} and {max_ngram}).")
+    return PromptLookupDrafter(num_tokens, max_ngram, min_ngram, adaptive)
+
+
+OPTIONS = (
+    Option("num_tokens", "int", 1, 64, help="most tokens copied after a match"),
+    Option("max_ngram", "int", 1, 16, help="longest suffix of the output looked up in the context"),
+    Option("min_ngram", "int", 1, 16, help="shortest suffix looked up"),
+    Option("adaptive", "bool", help="size each draft from the measured verify cost and the running acceptance"),
+)
 
 
 def unavailable_reason(target) -> str | None:

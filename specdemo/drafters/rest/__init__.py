@@ -1,4 +1,4 @@
-"""REST: drafts retrieved from a datastore (datastore.py: the on-disk format and its lookup; drafter.py: the trie and tree)."""
-from specdemo.drafters.rest.drafter import KNOBS, make, unavailable_reason
+"""REST: drafts retrieved from a datastore (datastore.py: the format on disk and its lookup; drafter.py: trie, tree)."""
+from specdemo.drafters.rest.drafter import KNOBS, OPTIONS, make, unavailable_reason
 
-__all__ = ["KNOBS", "make", "unavailable_reason"]
+__all__ = ["KNOBS", "OPTIONS", "make", "unavailable_reason"]

@@ -27,7 +27,7 @@ import numpy as np
 
 from specdemo.budget import GPU_BUDGET, calibrated_cost, cut_to_cost
 from specdemo.calibration import Calibrator
-from specdemo.drafters import DrafterUnavailable, Knob
+from specdemo.drafters import DrafterUnavailable, Knob, Option
 from specdemo.drafters.rest.datastore import (
     Datastore,
     DatastoreError,
@@ -301,6 +301,28 @@ CPU_BUDGET = 16  # fixed-size trees on CPU (dynamic off): 16 nodes cost ~1.7x an
 DYNAMIC_CAP = 24  # dynamic on: the cap; each step sends what pays for itself (module doc, 5.)
 
 
+OPTIONS = (
+    Option("datastore", "path", special=("default", "none"),
+           help="a datastore folder, 'default' (the model's) or 'none' (the request only)"),
+    Option("budget", "int", 1, 256, help="most draft nodes per step (default: 16 on CPU, 64 on GPU)"),
+    Option("max_suffix", "int", 1, 64, help="longest context suffix looked up"),
+    Option("min_suffix", "int", 1, 64, help="shortest context suffix looked up"),
+    Option("max_matches", "int", 1, 100_000, help="datastore occurrences read per step"),
+    Option("length", "int", 1, 64, help="tokens read after each occurrence"),
+    Option("use_context", "bool", help="also retrieve from the request itself"),
+    Option("context_weight", "float", 0, 1000, help="weight of a request continuation against a datastore one"),
+    Option("context_max_matches", "int", 1, 10_000, help="request occurrences read per step"),
+    Option("min_share", "float", 0, 1, help="drop nodes below this share of their parent's weight"),
+    Option("scoring", "choice", choices=("acceptance", "count"),
+           help="node ranking: the acceptance estimate or REST's raw counts"),
+    Option("confidence", "float", 0, 1, help="acceptance scores: the per-token ceiling"),
+    Option("prior", "float", 0, 1000, help="acceptance scores: shrinkage of datastore counts"),
+    Option("context_prior", "float", 0, 1000, help="acceptance scores: shrinkage of request counts"),
+    Option("dynamic", "bool", help="size each step's tree by its calibrated value against the verify cost"),
+    Option("calibration", "path", special=("none",), help="a calibration file, or 'none' for raw scores"),
+)
+
+
 def make(target: Target, datastore: str | None = None, budget: int | None = None, max_suffix: int = 16,
          min_suffix: int = 2, dynamic: bool | None = None, calibration: str | None = None,
          **options) -> RestDrafter:
@@ -323,9 +345,8 @@ def make(target: Target, datastore: str | None = None, budget: int | None = None
             raise DrafterUnavailable(str(exc)) from exc
     cpu = target.device.type == "cpu"
     if dynamic is None:
-        # Off by default: on the training prompts (assets/prompts/tune.jsonl, whose answers the store holds) the cut
-        # gave 2.19x at tau 2.80 against 3.72x at tau 6.29 for the fixed 16-node tree -- the calibration, fitted
-        # where the store rarely holds the answer verbatim, undervalues long unanimous continuations.
+        # Off by default: the calibration is fitted where the store rarely holds the answer verbatim, so it
+        # undervalues the long unanimous continuations that make REST fast where it does (docs/rest.md).
         dynamic = False
     if budget is None:
         budget = (DYNAMIC_CAP if dynamic else CPU_BUDGET) if cpu else GPU_BUDGET

@@ -35,7 +35,7 @@ from specdemo.budget import (
     pick_budget,
 )
 from specdemo.calibration import available as calibration_available
-from specdemo.drafters import DrafterUnavailable, Knob, pld
+from specdemo.drafters import DrafterUnavailable, Knob, Option, pld
 from specdemo.drafters.s4c.heads import (
     EMBEDDED_HEADS,
     S4CArtifactError,
@@ -268,11 +268,19 @@ CPU_BUDGET, DEFAULT_BUDGET = 11, 15
 DYNAMIC_CAP = 16
 
 
+OPTIONS = (
+    Option("heads", "path", help="trained draft heads: a folder or a hub id (default: the model's shipped heads)"),
+    Option("tree", "choice", choices=("s4c", "chain", "eagle"), help="tree shape (s4c = the paper's)"),
+    Option("budget", "int", 1, 256, special=("auto",), help="most draft nodes per step; 'auto' = from the cost curve"),
+    Option("topk", "int", 1, 16, help="candidates each head contributes"),
+    Option("context", "int", 0, 64, help="graft a prompt-lookup chain of up to this many tokens (0 = off)"),
+    Option("dynamic", "bool", help="send per step the part of the tree that pays for its verification"),
+    Option("calibration", "path", special=("none",), help="a calibration file, or 'none' for raw scores"),
+)
+
+
 def make(target: Target, heads: str | None = None, tree: str = "s4c", budget: int | str | None = None, topk: int = 3,
-         context: int = 6, dynamic: bool | None = None, calibration: str | None = None, **unknown) -> S4CDrafter:
-    if unknown:
-        raise ValueError(f"unknown S4C options: {', '.join(unknown)} "
-                         "(known: heads, tree, budget, topk, context, dynamic, calibration)")
+         context: int = 6, dynamic: bool | None = None, calibration: str | None = None) -> S4CDrafter:
     cpu = target.device.type == "cpu"
     if dynamic is None:  # per-step sizing where verification cost grows with the tree and a calibration exists
         dynamic = cpu and calibration_available(target, "s4c")

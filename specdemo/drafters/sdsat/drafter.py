@@ -23,7 +23,7 @@ import torch
 
 from specdemo.budget import best_size, calibrated_cost
 from specdemo.calibration import available as calibration_available
-from specdemo.drafters import DrafterUnavailable, Knob, pld
+from specdemo.drafters import DrafterUnavailable, Knob, Option, pld
 from specdemo.drafters.sdsat.adapter import (
     CONFIG_FILE,
     AdapterError,
@@ -237,13 +237,24 @@ def self_verifying(target) -> bool:
     return target.name in PUBLISHED
 
 
+OPTIONS = (
+    Option("adapter", "path", help="a trained adapter: a folder or a hub id (default: the model's shipped one)"),
+    Option("k", "int", 1, 16, help="adaptive tokens per probe chain (default: 2 on CPU, 4 on GPU)"),
+    Option("loop", "choice", choices=("fused", "paper"), help="fused: one forward verifies and drafts; paper: two"),
+    Option("branching", "counts", 1, 64, help="candidates kept per draft depth, e.g. 4,1"),
+    Option("chains", "int", -1, 64, help="probe chains under at most this many draft nodes (-1 = all)"),
+    Option("lookup", "int", 0, 64, help="also merge a prompt-lookup chain of this many tokens (0 = off)"),
+    Option("shape", "choice", choices=("uniform", "main", "fan"), help="which draft nodes get children"),
+    Option("model_verifies", "bool", help="a published SDSAT fine-tune that verifies its own drafts"),
+    Option("token_id", "int", 0, 10_000_000, help="the adaptive token id of such a fine-tune"),
+    Option("dynamic", "bool", help="send per step the draft nodes that pay for their verification"),
+    Option("calibration", "path", special=("none",), help="a calibration file, or 'none' for raw scores"),
+)
+
+
 def make(target, adapter=None, k: int | None = None, loop: str = "fused", branching=None, chains: int | None = None,
          lookup: int = 0, shape: str | None = None, model_verifies: bool | None = None, token_id: int | None = None,
-         dynamic: bool | None = None, calibration: str | None = None, **options) -> SDSATDrafter:
-    if options:
-        raise ValueError(f"unknown SDSAT options: {', '.join(options)} "
-                         "(known: adapter, k, loop, branching, chains, lookup, shape, model_verifies, token_id, dynamic, "
-                         "calibration)")
+         dynamic: bool | None = None, calibration: str | None = None) -> SDSATDrafter:
     model_verifies = self_verifying(target) if model_verifies is None else bool(model_verifies)
     if model_verifies:
         token_id = PUBLISHED.get(target.name) if token_id is None else token_id

@@ -1,0 +1,124 @@
+"""Does the race stay honest when someone watches it?  The same prompt and method three ways, one after the other:
+
+    bench  -- specdemo.bench.run_bench in this process (no app, no page)
+    api    -- the `/race` endpoint of a launched app, through gradio_client (the app, no page)
+    page   -- the page in headless Chromium, driven by Playwright, on the same launched app
+
+and AR tokens/s and the speedup of each, with the page's figures relative to the bench's.  Run it alone on the
+machine (every process here shares the cores):
+
+    .venv/bin/python scripts/race_honesty.py --methods rest,s4c --example Code --max-new-tokens 128 --repeats 3
+
+Needs Debian's chromium (`make browser`).  Prints one line per way and method, then a JSON summary.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+from app_process import app_process  # noqa: E402
+
+from specdemo.app.page import EXAMPLES  # noqa: E402
+from specdemo.bench import run_bench  # noqa: E402
+from specdemo.target import load_target  # noqa: E402
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+def by_bench(target, prompt: str, method: str, tokens: int) -> dict:
+    result = run_bench(target, [method], [{"id": "example", "prompt": prompt}], tokens)
+    return {"ar_tps": result["methods"]["ar"]["tokens_per_s"], "speedup": result["methods"][method]["speedup"]}
+
+
+def by_api(url: str, prompt: str, method: str, tokens: int) -> dict:
+    from gradio_client import Client
+
+    final = Client(url, verbose=False).predict(prompt, method, "embedded", tokens, 0.0, 1.0, 0, 0, None,
+                                               api_name="/race")
+    assert final["status"] == "done", final["message"]
+    return {"ar_tps": final["ar"]["tokens_per_s"], "speedup": final["summary"]["speedup"]}
+
+
+def by_page(page, example: str, method_label: str, tokens: int) -> dict:
+    page.get_by_role("button", name=example, exact=True).click()
+    page.locator("#sd-mode label", has_text=method_label).click()
+    page.locator("#sd-settings .label-wrap").first.click()
+    box = page.get_by_label("number input for Max new tokens")
+    box.fill(str(tokens))
+    box.press("Enter")
+    page.locator("#sd-settings .label-wrap").first.click()
+    page.locator("#sd-generate").click()
+    page.wait_for_selector('#sd-summary [data-status="running"]', timeout=300_000)
+    done = page.wait_for_selector('#sd-summary [data-status="done"]', timeout=900_000)
+    out = {"ar_tps": float(done.get_attribute("data-ar-tps")), "speedup": float(done.get_attribute("data-speedup")),
+           "page_s": float(done.get_attribute("data-page-s")), "wall_s": float(done.get_attribute("data-wall-s"))}
+    page.wait_for_timeout(1000)  # the last plots draw before the next race starts
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--methods", default="rest,s4c")
+    ap.add_argument("--example", default="Code", help="one of the page's example buttons")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3, help="races per way and method; the median is reported")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    prompt = dict(EXAMPLES)[args.example]
+    methods = args.methods.split(",")
+    labels = {"rest": "REST", "s4c": "S4C", "sdsat": "SDSAT", "pld": "Prompt lookup"}
+    runs: dict[str, dict[str, list[dict]]] = {w: {m: [] for m in methods} for w in ("bench", "api", "page")}
+
+    torch.set_num_threads(args.threads)
+    target = load_target("embedded")
+    for m in methods:
+        for _ in range(args.repeats):
+            runs["bench"][m].append(by_bench(target, prompt, m, args.max_new_tokens))
+            print("bench", m, runs["bench"][m][-1], flush=True)
+
+    del target  # the app loads its own copy
+    with app_process() as (url, _):
+        for m in methods:
+            by_api(url, prompt, m, 16)  # warm-up: the model, the drafter's artifacts, the cost curve
+            for _ in range(args.repeats):
+                runs["api"][m].append(by_api(url, prompt, m, args.max_new_tokens))
+                print("api  ", m, runs["api"][m][-1], flush=True)
+
+        from playwright.sync_api import sync_playwright
+
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(url)
+            page.wait_for_selector(".sd-chip:not(.sd-chip-bad)", timeout=300_000)
+            for m in methods:
+                for _ in range(args.repeats):
+                    runs["page"][m].append(by_page(page, args.example, labels[m], args.max_new_tokens))
+                    print("page ", m, runs["page"][m][-1], flush=True)
+            browser.close()
+
+    summary = {}
+    for m in methods:
+        med = {w: {k: statistics.median(r[k] for r in runs[w][m]) for k in ("ar_tps", "speedup")} for w in runs}
+        summary[m] = {w: {k: round(v, 3) for k, v in med[w].items()} for w in med}
+        for w in ("api", "page"):
+            summary[m][w]["vs_bench"] = {k: round(med[w][k] / med["bench"][k] - 1, 3) for k in ("ar_tps", "speedup")}
+        shares = [r["page_s"] / r["wall_s"] for r in runs["page"][m]]
+        summary[m]["page"]["page_share"] = round(statistics.median(shares), 3)
+    print(json.dumps({"example": args.example, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
+                      "results": summary}, indent=1))
+    ok = all(abs(summary[m]["page"]["vs_bench"][k]) <= 0.10 for m in methods for k in ("ar_tps", "speedup"))
+    print("page within 10% of the bench:", "yes" if ok else "no")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,106 @@
+"""A race request as it enters the app (page or `/race`): every field checked at the edge, with a message that names
+the allowed range, so nothing out of range reaches the engine, a drafter or the JSON encoder.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from specdemo.app import public
+from specdemo.drafters import REGISTRY, check_options
+from specdemo.sampling import SamplingConfig
+from specdemo.target import EMBEDDED
+
+MODES = tuple(m.name for m in REGISTRY)  # the order the page shows them in
+MAX_PROMPT_CHARS = 16_000  # before tokenising; the token limit itself comes from the model's context
+MAX_NEW_TOKENS = 512
+MAX_TEMPERATURE = 2.0
+MAX_TOP_K = 1000
+MAX_SEED = 2**63 - 1  # what torch.Generator.manual_seed takes, and what JSON clients hold exactly
+MAX_MODEL_CHARS = 256
+
+
+class UserError(Exception):
+    """A problem the user can fix; its message is shown in the page."""
+
+
+@dataclass
+class RaceRequest:
+    prompt: str
+    method: str = "pld"
+    model: str = EMBEDDED
+    max_new_tokens: int = 128
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    options: dict = field(default_factory=dict)
+
+
+def _number(name: str, value, low: float, high: float, integer: bool, low_open: bool = False,
+            meaning: str = "") -> float:
+    """`value` as a number within [low, high] ((low, high] with `low_open`), or a UserError naming the range."""
+    kind = "an integer" if integer else "a number"
+    span = f"above {_fmt(low)} and at most {_fmt(high)}" if low_open else f"from {_fmt(low)} to {_fmt(high)}"
+    problem = UserError(f"{name} must be {kind} {span}{meaning}; got {str(value)[:40]!r}.")
+    if isinstance(value, bool) or value is None:
+        raise problem
+    if isinstance(value, str):
+        try:
+            value = int(value.strip())
+        except ValueError:
+            try:
+                value = float(value.strip())
+            except ValueError:
+                raise problem from None
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise problem
+    if integer and value != int(value):
+        raise problem
+    if value < low or value > high or (low_open and value == low):
+        raise problem
+    return int(value) if integer else float(value)
+
+
+def _fmt(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def _text(name: str, value, limit: int) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise UserError(f"{name} must be text; got {type(value).__name__}.")
+    if len(value) > limit:
+        raise UserError(f"The {name.lower()} is {len(value):,} characters; this demo takes up to {limit:,}.")
+    return value
+
+
+def race_request(prompt, method="pld", model=EMBEDDED, max_new_tokens=128, temperature=0.0, top_p=1.0, top_k=0,
+                 seed=0, options=None) -> RaceRequest:
+    """A checked RaceRequest from raw page or API values (an empty seed box means seed 0)."""
+    method = _text("Mode", method, 40).lower().strip() or "pld"
+    if method not in MODES:
+        raise UserError(f"Unknown mode '{method}'. Choose one of: {', '.join(MODES)}.")
+    model = _text("Model", model, MAX_MODEL_CHARS).strip() or EMBEDDED
+    if options is None:
+        options = {}
+    if not isinstance(options, dict):
+        raise UserError(f"options must be a dict of drafter options, e.g. {{\"budget\": 16}}; got "
+                        f"{type(options).__name__}.")
+    try:
+        options = check_options(method, options)
+        public.check_options(method, options)
+    except (ValueError, public.PublicModeRefusal) as exc:
+        raise UserError(str(exc)) from None
+    sampling = SamplingConfig(
+        temperature=_number("Temperature", temperature, 0, MAX_TEMPERATURE, False, meaning=" (0 = greedy)"),
+        top_p=_number("Top-p", top_p, 0, 1, False, low_open=True),
+        top_k=_number("Top-k", top_k, 0, MAX_TOP_K, True, meaning=" (0 = off)"),
+        seed=_number("Seed", 0 if seed in (None, "") else seed, 0, MAX_SEED, True),
+    )
+    return RaceRequest(
+        prompt=_text("Prompt", prompt, MAX_PROMPT_CHARS),
+        method=method,
+        model=model,
+        max_new_tokens=_number("Max new tokens", max_new_tokens, 1, MAX_NEW_TOKENS, True),
+        sampling=sampling,
+        options=options,
+    )
