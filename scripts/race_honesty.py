@@ -1,11 +1,12 @@
-"""Does the race stay honest when someone watches it?  The same prompt and method three ways, one after the other:
+"""Does the race stay honest when someone watches it?  The same prompt and method three ways, taken in turn:
 
     bench  -- specdemo.bench.run_bench in this process (no app, no page)
     api    -- the `/race` endpoint of a launched app, through gradio_client (the app, no page)
     page   -- the page in headless Chromium, driven by Playwright, on the same launched app
 
-and AR tokens/s and the speedup of each, with the page's figures relative to the bench's.  Run it alone on the
-machine (every process here shares the cores):
+and AR tokens/s and the speedup of each (medians over the repeats, which go round robin so that the machine's drift
+falls on every way alike), with the figures relative to the bench's.  The browser is open throughout, as it is for
+someone watching.  Run it alone on the machine (every process here shares the cores):
 
     .venv/bin/python scripts/race_honesty.py --methods rest,s4c --example Code --max-new-tokens 128 --repeats 3
 
@@ -79,19 +80,7 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(args.threads)
     target = load_target("embedded")
-    for m in methods:
-        for _ in range(args.repeats):
-            runs["bench"][m].append(by_bench(target, prompt, m, args.max_new_tokens))
-            print("bench", m, runs["bench"][m][-1], flush=True)
-
-    del target  # the app loads its own copy
     with app_process() as (url, _):
-        for m in methods:
-            by_api(url, prompt, m, 16)  # warm-up: the model, the drafter's artifacts, the cost curve
-            for _ in range(args.repeats):
-                runs["api"][m].append(by_api(url, prompt, m, args.max_new_tokens))
-                print("api  ", m, runs["api"][m][-1], flush=True)
-
         from playwright.sync_api import sync_playwright
 
         with sync_playwright() as p:
@@ -99,10 +88,22 @@ def main(argv=None) -> int:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.goto(url)
             page.wait_for_selector(".sd-chip:not(.sd-chip-bad)", timeout=300_000)
-            for m in methods:
-                for _ in range(args.repeats):
-                    runs["page"][m].append(by_page(page, args.example, labels[m], args.max_new_tokens))
-                    print("page ", m, runs["page"][m][-1], flush=True)
+            for m in methods:  # warm-up: each way's model, the drafter's artifacts, kernels
+                by_bench(target, prompt, m, 16)
+                by_api(url, prompt, m, 16)
+            # round robin: the machine's speed drifts by more than 10% over minutes, and each way gets the same share
+            for rep in range(args.repeats):
+                for m in methods:
+                    for way in ("bench", "api", "page"):
+                        if way == "bench":
+                            r = by_bench(target, prompt, m, args.max_new_tokens)
+                        elif way == "api":
+                            r = by_api(url, prompt, m, args.max_new_tokens)
+                        else:
+                            r = by_page(page, args.example, labels[m], args.max_new_tokens)
+                        runs[way][m].append(r)
+                        print(f"{rep + 1}/{args.repeats} {way:<5} {m}", {k: round(v, 3) for k, v in r.items()},
+                              flush=True)
             browser.close()
 
     summary = {}

@@ -129,6 +129,7 @@ def main(argv=None) -> int:
         print("concurrent:", json.dumps(report["concurrent"]), flush=True)
         time.sleep(5)  # cancelled races let go of the gate
 
+        report["rss_before_sequential_mb"] = round(rss_mb(app.pid), 1)
         seq = []
         for i in range(args.sequential):
             seq.append(race(client, PROMPTS[i % 4], METHODS[i % 4], args.tokens))
@@ -138,6 +139,7 @@ def main(argv=None) -> int:
                                                                                            for r in seq), 2)}
         report["rss_end_mb"] = round(rss_mb(app.pid), 1)
         report["rss_growth_mb"] = round(report["rss_end_mb"] - report["rss_after_warmup_mb"], 1)
+        report["rss_growth_sequential_mb"] = round(report["rss_end_mb"] - report["rss_before_sequential_mb"], 1)
     print(json.dumps(report, indent=1))
     ok = report["concurrent"]["failed"] == 0 and report["sequential_races"]["failed"] == 0
     return 0 if ok else 1
