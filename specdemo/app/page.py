@@ -70,10 +70,10 @@ MODEL_WORK = "model"
 # The page's updates while racing.  The browser draws each one on the cores the race is timed on, so there are few,
 # and the race pauses after each while the browser draws it: the pause is not charged to either run (the summary
 # shows it as the page's share of the wall time), the drawing is not charged to the next step.
-TEXT_EVERY = float(os.environ.get("SPECDEMO_TEXT_EVERY", 0.25))  # seconds between two updates of the panes
-PLOT_EVERY = float(os.environ.get("SPECDEMO_PLOT_EVERY", 2.0))  # seconds between two redraws of the live plots
-TEXT_SETTLE = float(os.environ.get("SPECDEMO_TEXT_SETTLE", 0.05))  # pause after an update of the panes
-PLOT_SETTLE = float(os.environ.get("SPECDEMO_PLOT_SETTLE", 0.3))  # pause after a redraw of the plots
+TEXT_EVERY = 0.25  # seconds between two updates of the panes
+PLOT_EVERY = 2.0  # seconds between two redraws of the live plots
+TEXT_SETTLE = 0.05  # pause after an update of the panes
+PLOT_SETTLE = 0.3  # pause after a redraw of the plots
 MODEL_WORK_LIMIT = MAX_WAITING + 2
 QUEUE_SIZE = 4 * MAX_WAITING
 
@@ -443,7 +443,6 @@ job = client.submit(
     {"num_tokens": 10},                     # options for the drafter
     api_name="/race",
 )
-from specdemo.bench import run_bench
 for update in job:                                   # streamed while racing
     print(update["status"], update["ar"]["new_tokens"], update["spec"]["new_tokens"])
 final = job.outputs()[-1]

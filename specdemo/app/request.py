@@ -3,11 +3,10 @@ the allowed range, so nothing out of range reaches the engine, a drafter or the 
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from specdemo.app import public
-from specdemo.drafters import REGISTRY, check_options
+from specdemo.drafters import REGISTRY, as_number, check_options, number_text
 from specdemo.sampling import SamplingConfig
 from specdemo.target import EMBEDDED
 
@@ -38,29 +37,13 @@ def _number(name: str, value, low: float, high: float, integer: bool, low_open: 
             meaning: str = "") -> float:
     """`value` as a number within [low, high] ((low, high] with `low_open`), or a UserError naming the range."""
     kind = "an integer" if integer else "a number"
-    span = f"above {_fmt(low)} and at most {_fmt(high)}" if low_open else f"from {_fmt(low)} to {_fmt(high)}"
-    problem = UserError(f"{name} must be {kind} {span}{meaning}; got {str(value)[:40]!r}.")
-    if isinstance(value, bool) or value is None:
-        raise problem
-    if isinstance(value, str):
-        try:
-            value = int(value.strip())
-        except ValueError:
-            try:
-                value = float(value.strip())
-            except ValueError:
-                raise problem from None
-    if not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise problem
-    if integer and value != int(value):
-        raise problem
-    if value < low or value > high or (low_open and value == low):
-        raise problem
-    return int(value) if integer else float(value)
-
-
-def _fmt(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+    span = (f"above {number_text(low)} and at most {number_text(high)}" if low_open
+            else f"from {number_text(low)} to {number_text(high)}")
+    number = as_number(value)
+    if (number is None or (integer and number != int(number)) or number < low or number > high
+            or (low_open and number == low)):
+        raise UserError(f"{name} must be {kind} {span}{meaning}; got {str(value)[:40]!r}.")
+    return int(number) if integer else float(number)
 
 
 def _text(name: str, value, limit: int) -> str:
@@ -96,8 +79,11 @@ def race_request(prompt, method="pld", model=EMBEDDED, max_new_tokens=128, tempe
         top_k=_number("Top-k", top_k, 0, MAX_TOP_K, True, meaning=" (0 = off)"),
         seed=_number("Seed", 0 if seed in (None, "") else seed, 0, MAX_SEED, True),
     )
+    prompt = _text("Prompt", prompt, MAX_PROMPT_CHARS)
+    if not prompt.strip():
+        raise UserError("The prompt is empty: type something (or pick an example) and press Generate.")
     return RaceRequest(
-        prompt=_text("Prompt", prompt, MAX_PROMPT_CHARS),
+        prompt=prompt,
         method=method,
         model=model,
         max_new_tokens=_number("Max new tokens", max_new_tokens, 1, MAX_NEW_TOKENS, True),

@@ -20,8 +20,6 @@ from specdemo.app.public import PublicModeRefusal, check_model
 from specdemo.app.race import Piece, Race, Run, Summary, TextBuilder, summarize
 from specdemo.app.request import (
     MAX_MODEL_CHARS,
-    MAX_NEW_TOKENS,
-    MAX_PROMPT_CHARS,
     MODES,
     RaceRequest,
     UserError,
@@ -112,6 +110,7 @@ def load_model(name: str) -> Target:
         check_model((name or EMBEDDED).strip() or EMBEDDED)
     return MODELS.get(name)
 
+
 STREAM_EVERY = 0.1  # seconds between two streamed `/race` updates while racing
 MAX_WAITING = 16  # requests queued behind the running one; the next is refused with a message
 GATE = Gate(MAX_WAITING)
@@ -173,15 +172,8 @@ class RaceRecord:
 
 
 def prepare(req: RaceRequest) -> tuple[Target, list[int], GenerationConfig]:
-    """Load the model, encode and check the request: every problem becomes a UserError before any decoding."""
-    if req.method not in MODES:
-        raise UserError(f"Unknown mode '{req.method}'. Choose one of: {', '.join(MODES)}.")
-    if not req.prompt or not req.prompt.strip():
-        raise UserError("The prompt is empty: type something (or pick an example) and press Generate.")
-    if len(req.prompt) > MAX_PROMPT_CHARS:
-        raise UserError(f"The prompt is {len(req.prompt):,} characters; this demo takes up to {MAX_PROMPT_CHARS:,}.")
-    if not 1 <= req.max_new_tokens <= MAX_NEW_TOKENS:
-        raise UserError(f"Max new tokens must be between 1 and {MAX_NEW_TOKENS}.")
+    """Load the model, encode the prompt and run the checks that need the model (the request's own fields were
+    checked where it came in, by `request.race_request`): every problem becomes a UserError before any decoding."""
     try:
         target = load_model(req.model)
     except ModelLoadError as exc:

@@ -46,9 +46,9 @@ class Option:
         if self.kind in ("int", "float"):
             word = "an integer" if self.kind == "int" else "a number"
             if self.minimum is not None and self.maximum is not None:
-                text = f"{word} from {_num(self.minimum)} to {_num(self.maximum)}"
+                text = f"{word} from {number_text(self.minimum)} to {number_text(self.maximum)}"
             elif self.minimum is not None:
-                text = f"{word} >= {_num(self.minimum)}"
+                text = f"{word} >= {number_text(self.minimum)}"
             else:
                 text = word
         elif self.kind == "bool":
@@ -56,7 +56,7 @@ class Option:
         elif self.kind == "choice":
             text = "one of " + ", ".join(repr(c) for c in self.choices)
         elif self.kind == "counts":
-            text = f"integers from {_num(self.minimum)} to {_num(self.maximum)}, comma-separated"
+            text = f"integers from {number_text(self.minimum)} to {number_text(self.maximum)}, comma-separated"
         else:
             text = "a folder, file or hub id"
         return text + "".join(f" or {w!r}" for w in self.special)
@@ -78,7 +78,7 @@ class Option:
             raise bad
         if self.kind == "counts":
             items = value.split(",") if isinstance(value, str) else value if isinstance(value, (list, tuple)) else [value]
-            numbers = [_number(x) for x in items if not (isinstance(x, str) and not x.strip())]
+            numbers = [as_number(x) for x in items if not (isinstance(x, str) and not x.strip())]
             if not numbers or len(numbers) > 32 or any(
                     n is None or n != int(n) or not self.minimum <= n <= self.maximum for n in numbers):
                 raise bad
@@ -87,7 +87,7 @@ class Option:
             if isinstance(value, (str, Path)) and str(value).strip() and len(str(value)) <= 4096:
                 return str(value).strip()
             raise bad
-        number = _number(value)
+        number = as_number(value)
         if number is None or (self.kind == "int" and number != int(number)):
             raise bad
         if (self.minimum is not None and number < self.minimum) or (self.maximum is not None and number > self.maximum):
@@ -95,18 +95,24 @@ class Option:
         return int(number) if self.kind == "int" else float(number)
 
 
-def _num(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else str(x)
+def number_text(x: float) -> str:
+    """A bound as people write it: 64, not 64.0; 0.5, not 0.500000."""
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
-def _number(value) -> float | None:
-    """A finite int or float (or a string of one); None for anything else, booleans included."""
+def as_number(value) -> int | float | None:
+    """A finite int or float, or a string of one (an integer string stays an exact int, so 2**63 - 1 survives);
+    None for anything else, booleans included.  Requests from JSON and from forms arrive as either."""
     if isinstance(value, bool):
         return None
     if isinstance(value, str):
-        try:
-            value = float(value.strip())
-        except ValueError:
+        for parse in (int, float):
+            try:
+                value = parse(value.strip())
+                break
+            except ValueError:
+                continue
+        else:
             return None
     if isinstance(value, (int, float)) and math.isfinite(value):
         return value
