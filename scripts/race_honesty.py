@@ -60,7 +60,8 @@ def by_page(page, example: str, method_label: str, tokens: int) -> dict:
     page.wait_for_selector('#sd-summary [data-status="running"]', timeout=300_000)
     done = page.wait_for_selector('#sd-summary [data-status="done"]', timeout=900_000)
     out = {"ar_tps": float(done.get_attribute("data-ar-tps")), "speedup": float(done.get_attribute("data-speedup")),
-           "page_s": float(done.get_attribute("data-page-s")), "wall_s": float(done.get_attribute("data-wall-s"))}
+           "page_s": float(done.get_attribute("data-page-s")), "wall_s": float(done.get_attribute("data-wall-s")),
+           "drawn": float(done.get_attribute("data-drawn"))}
     page.wait_for_timeout(1000)  # the last plots draw before the next race starts
     return out
 

@@ -78,6 +78,8 @@ def test_race_in_the_browser(page):
     assert "40 tokens" in page.locator("#sd-ar .sd-stats").inner_text().replace("\n", " ") or \
         page.locator("#sd-ar .sd-state").inner_text() == "done"
     assert page.locator("#sd-ar .sd-text").inner_text() == page.locator("#sd-spec .sd-text").inner_text()
+    # the page acknowledged the updates it drew, so the race paused for them (a browser on the server's machine)
+    assert int(page.locator('#sd-summary [data-status="done"]').get_attribute("data-drawn")) > 0
 
     page.wait_for_timeout(1500)  # let the plots draw
     page.screenshot(path=str(SCREENSHOT), full_page=True)

@@ -236,6 +236,44 @@ def test_page_handler_throttles_and_ends_with_the_whole_run(embedded, monkeypatc
         assert f"<b>{rec.runs['spec'].n_tokens}</b> tokens" in final[1] and rec.runs["spec"].n_tokens == 8
 
 
+def _local_request(host: str = "127.0.0.1"):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(client=SimpleNamespace(host=host), session_hash=f"drawn-{host}")
+
+
+def test_the_race_waits_for_a_local_page_to_draw_each_update(embedded, monkeypatch):
+    import re
+
+    import specdemo.app.page as page
+    from specdemo.app.drawn import mark_drawn
+
+    monkeypatch.setattr(page, "TEXT_EVERY", 0.0)
+    knobs = tuple(k.value for k in all_knobs())
+    outs = []
+    for out in on_generate("embedded", "pld", SHORT, 8, 0.0, 1.0, 0, 0, *knobs, request=_local_request()):
+        outs.append(out)
+        token = re.search(r'data-update="(\w+)"', out[2])
+        assert (token is None) == (out is outs[-1] and "done" in out[2])  # every update but the last asks for one
+        if token:
+            mark_drawn(token.group(1))
+    assert len(outs) > 3 and f'data-drawn="{len(outs) - 1}"' in outs[-1][2]
+
+
+def test_a_page_that_does_not_answer_is_waited_for_once(embedded, monkeypatch):
+    import specdemo.app.drawn as drawn
+    import specdemo.app.page as page
+
+    monkeypatch.setattr(page, "TEXT_EVERY", 0.0)
+    monkeypatch.setattr(drawn, "ACK_TIMEOUT", 0.05)
+    knobs = tuple(k.value for k in all_knobs())
+    outs = list(on_generate("embedded", "pld", SHORT, 8, 0.0, 1.0, 0, 0, *knobs, request=_local_request()))
+    assert sum("data-update" in out[2] for out in outs) == 1 and 'data-drawn="0"' in outs[-1][2]
+    remote = list(on_generate("embedded", "pld", SHORT, 8, 0.0, 1.0, 0, 0, *knobs,
+                              request=_local_request("203.0.113.9")))
+    assert not any("data-update" in out[2] for out in remote)  # a browser elsewhere does not share the cores
+
+
 # ------------------------------------------------------------------------------------- the app, over HTTP
 
 def free_port() -> int:
@@ -260,6 +298,17 @@ def client(app):
     from gradio_client import Client
 
     return Client(app[1], verbose=False)
+
+
+def test_the_drawn_endpoint_releases_a_waiting_race(app):
+    import httpx
+
+    from specdemo.app.drawn import DRAWN
+
+    token = DRAWN.expect()
+    reply = httpx.post(app[1] + "gradio_api/run/drawn", json={"data": [token]}, timeout=30)
+    assert reply.status_code == 200
+    assert DRAWN.wait(token, timeout=5.0)
 
 
 def test_model_work_goes_through_the_gate(app):

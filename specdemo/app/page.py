@@ -15,6 +15,7 @@ import gradio as gr
 import pandas as pd
 
 from specdemo import ASSETS
+from specdemo.app.drawn import DRAWN, mark_drawn, same_machine
 from specdemo.app.plots import plots
 from specdemo.app.public import public_mode
 from specdemo.app.render import (
@@ -67,13 +68,11 @@ MODEL_CHOICES = (
 # (session.GATE serialises the model work itself and refuses the overflow with a message); its own queue is only a
 # backstop, since a request it refuses reaches a scripted client as an error without a message.
 MODEL_WORK = "model"
-# The page's updates while racing.  The browser draws each one on the cores the race is timed on, so there are few,
-# and the race pauses after each while the browser draws it: the pause is not charged to either run (the summary
-# shows it as the page's share of the wall time), the drawing is not charged to the next step.
-TEXT_EVERY = 0.25  # seconds between two updates of the panes
-PLOT_EVERY = 2.0  # seconds between two redraws of the live plots
-TEXT_SETTLE = 0.05  # pause after an update of the panes
-PLOT_SETTLE = 0.3  # pause after a redraw of the plots
+# The page's updates while racing: the text at most every TEXT_EVERY seconds of racing, the plots at most every
+# PLOT_EVERY.  A browser on this machine draws them on the cores the race is timed on, so the race waits until the page
+# reports each one drawn (app/drawn.py); the wait is charged to neither run and the summary shows it.
+TEXT_EVERY = 0.25
+PLOT_EVERY = 2.0
 MODEL_WORK_LIMIT = MAX_WAITING + 2
 QUEUE_SIZE = 4 * MAX_WAITING
 
@@ -146,8 +145,10 @@ def on_generate(model: str, method: str, prompt: str, max_new_tokens: float, tem
     stop = _STOPS.setdefault(_session(request), threading.Event())
     stop.clear()
     last_plot = 0.0
+    # a browser on this machine is waited for after each update (see app/drawn.py) until it misses one
+    wait_for_page = same_machine(getattr(getattr(request, "client", None), "host", None))
+    acked = 0
     try:
-        # few updates: the text at most every TEXT_EVERY, the plots at most every PLOT_EVERY (see session.throttled)
         for rec in throttled(run_race(req, None if ZERO_GPU else stop), TEXT_EVERY):
             final = not rec.active
             now = time.monotonic()
@@ -158,8 +159,9 @@ def on_generate(model: str, method: str, prompt: str, max_new_tokens: float, tem
                 gr.Warning(rec.message)
             n = len(rec.runs["spec"].events)
             steps = show_step(rec, 1) if final else (gr.skip(),) * 3
+            token = DRAWN.expect() if wait_for_page and not final else None
             yield (
-                pane_html(rec, "ar"), pane_html(rec, "spec"), summary_html(rec),
+                pane_html(rec, "ar"), pane_html(rec, "spec"), summary_html(rec, token, acked),
                 message_html(rec.message, "error" if rec.status == "error" else "info") if final or rec.message
                 else "",
                 *(plot_updates(rec) if plot_now else (gr.skip(),) * 3),
@@ -169,8 +171,11 @@ def on_generate(model: str, method: str, prompt: str, max_new_tokens: float, tem
                 gr.DownloadButton(value=_write_json(record_json(rec), "specdemo-run-"), interactive=True)
                 if final and n else gr.skip(),
             )
-            if not final:
-                time.sleep(PLOT_SETTLE if plot_now else TEXT_SETTLE)
+            if token is not None:
+                if DRAWN.wait(token):
+                    acked += 1
+                else:
+                    wait_for_page = False
     finally:
         _STOPS.pop(_session(request), None)
 
@@ -398,6 +403,7 @@ def _wire(demo: gr.Blocks, ui: SimpleNamespace) -> None:
                        [ui.bench_table, ui.bench_plot, ui.bench_note, ui.bench_json], api_visibility="private",
                        **model_work)
     gr.api(race_api, api_name="race", **model_work)
+    gr.api(mark_drawn, api_name="drawn", queue=False, api_visibility="undocumented")
 
 
 def build_demo(default_model: str = EMBEDDED) -> gr.Blocks:
@@ -469,12 +475,13 @@ API_DOC = API_DOC_HEAD + "\n" + methods_doc() + "\n"
 
 
 def launch_kwargs() -> dict:
-    """theme / css / head for `demo.launch()` (Gradio 6 takes them there, not in Blocks)."""
+    """theme / css / js for `demo.launch()` (Gradio 6 takes them there, not in Blocks)."""
     return {
         "theme": gr.themes.Soft(primary_hue="indigo", secondary_hue="emerald",
                                 font=["ui-sans-serif", "system-ui", "sans-serif"],  # no web-font fetch: works offline
                                 font_mono=["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace"]),
         "css_paths": [ASSETS / "style.css"],
+        "js": (ASSETS / "drawn.js").read_text(),
     }
 
 

@@ -70,10 +70,14 @@ def pane_html(rec: RaceRecord | None, key: str) -> str:
             f'<div class="sd-scroll"><div class="sd-text">{body}</div></div></div>')
 
 
-def summary_html(rec: RaceRecord | None) -> str:
-    """Speedup, τ, forwards saved and the identical-output check; live while racing, final at the end."""
+def summary_html(rec: RaceRecord | None, update: str | None = None, drawn: int = 0) -> str:
+    """Speedup, τ, forwards saved and the identical-output check; live while racing, final at the end.
+
+    `update` is the token the page acknowledges once it has drawn this update (app/drawn.py); `drawn` counts the
+    race's updates acknowledged so far."""
+    ack = f' data-update="{update}"' if update else ""
     if rec is None or rec.summary is None:
-        return ('<div class="sd-summary sd-muted">The two decoders run interleaved in one process; the one that has '
+        return (f'<div class="sd-summary sd-muted"{ack}>The two decoders run interleaved in one process; the one that has '
                 'used less compute so far always goes next, so each pane grows at its true speed.</div>')
     s = rec.summary
     final = not rec.active
@@ -96,7 +100,8 @@ def summary_html(rec: RaceRecord | None) -> str:
     clock = (f'<div class="sd-clock">wall {wall:.2f} s: decoding {wall - other:.2f} s · page and bookkeeping '
              f'{other:.2f} s ({100 * other / wall:.0f}%), not charged to either run</div>' if wall > 0 else "")
     data = (f'data-status="{rec.status}" data-speedup="{s.speedup or 0:.4f}" '
-            f'data-ar-tps="{rec.runs["ar"].tokens_per_s:.4f}" data-wall-s="{wall:.3f}" data-page-s="{other:.3f}"')
+            f'data-ar-tps="{rec.runs["ar"].tokens_per_s:.4f}" data-wall-s="{wall:.3f}" data-page-s="{other:.3f}" '
+            f'data-drawn="{drawn}"{ack}')
     return f'<div class="sd-summary" {data}>{inner}{clock}</div>'
 
 

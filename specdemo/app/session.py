@@ -276,8 +276,8 @@ def run_race(req: RaceRequest, stop: threading.Event | None = None) -> Iterator[
 
 
 def throttled(records: Iterator[RaceRecord], every: float) -> Iterator[RaceRecord]:
-    """The records a watcher needs: every status change, at most one per `every` seconds in between, and always the
-    last (which carries the whole run).  What is skipped costs nothing: the race goes on, and a watcher's work
+    """The records a watcher needs: every status change, at most one per `every` seconds of racing in between (the
+    watcher's own time between two records does not count), and always the last (which carries the whole run).  What is skipped costs nothing: the race goes on, and a watcher's work
     (rendering, sending, drawing) would share the cores with the decoding it watches."""
     last_sent, last_status = 0.0, None
     try:
@@ -285,8 +285,9 @@ def throttled(records: Iterator[RaceRecord], every: float) -> Iterator[RaceRecor
             now = time.monotonic()
             if rec.active and rec.status == last_status and now - last_sent < every:
                 continue
-            last_sent, last_status = now, rec.status
+            last_status = rec.status
             yield rec
+            last_sent = time.monotonic()  # the interval counts racing only, not the watcher's own time
     finally:  # a watcher that leaves (a closed page, a cancelled job) ends the race and frees its place in line
         if hasattr(records, "close"):
             records.close()

@@ -1,0 +1,19 @@
+() => {
+  // Acknowledges each race update once it is painted and the browser has gone idle.  A race watched from the
+  // machine that runs it waits for this before its next step, so the drawing never overlaps a timed step
+  // (specdemo/app/drawn.py).  The summary carries the update's token in data-update.
+  let last = null;
+  const send = (token) => fetch("gradio_api/run/drawn", {
+    method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify({data: [token]}),
+  }).catch(() => {});
+  const check = () => {
+    const el = document.querySelector("#sd-summary [data-update]");
+    const token = el && el.dataset.update;
+    if (!token || token === last) return;
+    last = token;
+    // the next frame paints the update; idle afterwards means the charts' asynchronous rendering is done too
+    requestAnimationFrame(() => requestIdleCallback(() => send(token), {timeout: 1000}));
+  };
+  new MutationObserver(check).observe(document.body, {subtree: true, childList: true, attributes: true,
+                                                      attributeFilter: ["data-update"]});
+}
