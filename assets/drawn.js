@@ -11,8 +11,10 @@
     const token = el && el.dataset.update;
     if (!token || token === last) return;
     last = token;
-    // the next frame paints the update; idle afterwards means the charts' asynchronous rendering is done too
-    requestAnimationFrame(() => requestIdleCallback(() => send(token), {timeout: 1000}));
+    // the next frame paints the update; idle afterwards means the charts' asynchronous rendering is done too, and
+    // one more frame lets the compositor finish rastering what was painted
+    requestAnimationFrame(() => requestIdleCallback(() => requestAnimationFrame(() => requestAnimationFrame(
+      () => requestIdleCallback(() => send(token), {timeout: 1000}))), {timeout: 1000}));
   };
   new MutationObserver(check).observe(document.body, {subtree: true, childList: true, attributes: true,
                                                       attributeFilter: ["data-update"]});

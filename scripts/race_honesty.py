@@ -5,10 +5,12 @@
     page   -- the page in headless Chromium, driven by Playwright, on the same launched app
 
 and AR tokens/s and the speedup of each (medians over the repeats, which go round robin so that the machine's drift
-falls on every way alike), with the figures relative to the bench's.  The browser is open throughout, as it is for
-someone watching.  Run it alone on the machine (every process here shares the cores):
+falls on every way alike), with the figures relative to the bench's.  With --race-all the api and page ways race all
+the methods at once in lanes (`/race_all`, the page's Race all) against one bench run of them all.  The browser is
+open throughout, as it is for someone watching.  Run it alone on the machine (every process here shares the cores):
 
     .venv/bin/python scripts/race_honesty.py --methods rest,s4c --example Code --max-new-tokens 128 --repeats 3
+    .venv/bin/python scripts/race_honesty.py --race-all --methods rest,s4c,sdsat,pld --example Code --repeats 3
 
 Needs Debian's chromium (`make browser`).  Prints one line per way and method, then a JSON summary.
 """
@@ -66,6 +68,77 @@ def by_page(page, example: str, method_label: str, tokens: int) -> dict:
     return out
 
 
+def all_by_bench(target, prompt: str, methods: list[str], tokens: int) -> dict:
+    result = run_bench(target, methods, [{"id": "example", "prompt": prompt}], tokens)
+    return {"ar_tps": result["methods"]["ar"]["tokens_per_s"],
+            **{m: result["methods"][m]["speedup"] for m in methods}}
+
+
+def all_by_api(url: str, prompt: str, methods: list[str], tokens: int) -> dict:
+    from gradio_client import Client
+
+    final = Client(url, verbose=False).predict(prompt, "embedded", tokens, 0.0, 1.0, 0, 0, None, methods,
+                                               api_name="/race_all")
+    assert final["status"] == "done", final["message"]
+    return {"ar_tps": final["lanes"]["ar"]["tokens_per_s"], **{m: final["lanes"][m]["speedup"] for m in methods}}
+
+
+def all_by_page(page, example: str, methods: list[str], tokens: int) -> dict:
+    page.get_by_role("button", name=example, exact=True).click()
+    page.locator("#sd-settings .label-wrap").first.click()
+    box = page.get_by_label("number input for Max new tokens")
+    box.fill(str(tokens))
+    box.press("Enter")
+    page.locator("#sd-settings .label-wrap").first.click()
+    page.locator("#sd-race-all").click()
+    page.wait_for_selector('#sd-summary [data-status="running"]', timeout=300_000)
+    done = page.wait_for_selector('#sd-summary [data-status="done"][data-lanes]', timeout=900_000)
+    rows = {r.get_attribute("data-lane"): r for r in page.query_selector_all("#sd-lanes table.sd-board tbody tr")}
+    out = {"ar_tps": float(rows["ar"].get_attribute("data-tps")),
+           **{m: float(rows[m].get_attribute("data-speedup")) for m in methods},
+           "page_s": float(done.get_attribute("data-page-s")), "wall_s": float(done.get_attribute("data-wall-s")),
+           "drawn": float(done.get_attribute("data-drawn"))}
+    page.wait_for_timeout(1000)
+    return out
+
+
+def main_race_all(args, target, prompt: str, methods: list[str]) -> int:
+    runs: dict[str, list[dict]] = {w: [] for w in ("bench", "api", "page")}
+    keys = ["ar_tps", *methods]
+    with app_process() as (url, _):
+        from playwright.sync_api import sync_playwright
+
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(url)
+            page.wait_for_selector(".sd-chip:not(.sd-chip-bad)", timeout=300_000)
+            all_by_bench(target, prompt, ["ar", *methods], 16)
+            all_by_api(url, prompt, methods, 16)
+            for rep in range(args.repeats):
+                for way in ("bench", "api", "page"):
+                    if way == "bench":
+                        r = all_by_bench(target, prompt, ["ar", *methods], args.max_new_tokens)
+                    elif way == "api":
+                        r = all_by_api(url, prompt, methods, args.max_new_tokens)
+                    else:
+                        r = all_by_page(page, args.example, methods, args.max_new_tokens)
+                    runs[way].append(r)
+                    print(f"{rep + 1}/{args.repeats} {way:<5} all", {k: round(v, 3) for k, v in r.items()},
+                          flush=True)
+            browser.close()
+    med = {w: {k: statistics.median(r[k] for r in runs[w]) for k in keys} for w in runs}
+    summary = {w: {k: round(v, 3) for k, v in med[w].items()} for w in med}
+    for w in ("api", "page"):
+        summary[w]["vs_bench"] = {k: round(med[w][k] / med["bench"][k] - 1, 3) for k in keys}
+    summary["page"]["page_share"] = round(statistics.median(r["page_s"] / r["wall_s"] for r in runs["page"]), 3)
+    print(json.dumps({"example": args.example, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
+                      "race_all": summary}, indent=1))
+    ok = all(abs(summary["page"]["vs_bench"][k]) <= 0.10 for k in keys)
+    print("page within 10% of the bench:", "yes" if ok else "no")
+    return 0 if ok else 1
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--methods", default="rest,s4c")
@@ -73,9 +146,13 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3, help="races per way and method; the median is reported")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--race-all", action="store_true", help="race all the methods at once, in lanes")
     args = ap.parse_args(argv)
     prompt = dict(EXAMPLES)[args.example]
     methods = args.methods.split(",")
+    if args.race_all:
+        torch.set_num_threads(args.threads)
+        return main_race_all(args, load_target("embedded"), prompt, methods)
     labels = {"rest": "REST", "s4c": "S4C", "sdsat": "SDSAT", "pld": "Prompt lookup"}
     runs: dict[str, dict[str, list[dict]]] = {w: {m: [] for m in methods} for w in ("bench", "api", "page")}
 

@@ -89,8 +89,23 @@ def test_step_by_step_in_the_browser(page):
     page.get_by_role("tab", name="Step by step").click()
     page.locator("#sd-next").click()
     page.wait_for_selector("#sd-explain :text('Step 2 of')", timeout=60_000)
-    assert page.locator(".sd-tree > ul .sd-n-root").count() == 1
-    assert page.locator(".sd-tree .sd-n-acc, .sd-tree .sd-n-own").count() >= 1
+    svg = page.locator(".sd-tree svg.sd-tree-svg")
+    assert svg.count() == 1 and svg.locator('[data-node="root"]').count() == 1  # the drawn tree
+    assert svg.locator(".sd-t-acc, .sd-t-own").count() >= 1
+    assert svg.bounding_box()["width"] > 50  # drawn, not just in the DOM
+
+
+def test_colour_by_source(page):
+    page.get_by_role("tab", name="Live plots").click()
+    span = page.locator('#sd-spec .sd-text .sd-acc[data-src="prompt"]').first
+    by_step = span.evaluate("e => getComputedStyle(e).backgroundColor")
+    page.locator("#sd-colour label", has_text="by source").click()
+    page.wait_for_function("document.body.classList.contains('sd-by-source')")
+    assert span.evaluate("e => getComputedStyle(e).backgroundColor") != by_step
+    assert page.locator("#sd-spec .sd-legend-source").is_visible()
+    assert not page.locator("#sd-spec .sd-legend-step").is_visible()
+    page.locator("#sd-colour label", has_text="by step").click()
+    page.wait_for_function("!document.body.classList.contains('sd-by-source')")
 
 
 def test_stop_ends_the_race_within_a_step(page):
@@ -104,3 +119,35 @@ def test_stop_ends_the_race_within_a_step(page):
     page.locator("#sd-stop").click()
     page.wait_for_selector('#sd-summary [data-status="stopped"]', timeout=60_000)
     assert "Stopped" in page.locator("#sd-message").inner_text()
+
+
+def test_race_all_in_the_browser(page):
+    modes = page.locator("#sd-mode input").evaluate_all("els => els.map(e => e.value)")
+    off = page.locator(".sd-mode-off").count()  # the modes that cannot run on this model, listed under the radio
+    page.locator("#sd-prompt textarea").fill(PROMPT)
+    tokens = page.get_by_label("number input for Max new tokens")
+    if not tokens.is_visible():
+        page.locator("#sd-settings .label-wrap").first.click()
+    tokens.fill("32")  # five lanes on a loaded 2-core CI machine
+    tokens.press("Enter")
+    page.locator("#sd-race-all").click()
+    page.wait_for_selector('#sd-summary [data-status="done"][data-lanes]', timeout=900_000)
+    lanes = page.locator("#sd-lanes .sd-lane")
+    assert lanes.count() == 1 + len(modes) - off  # AR and one lane per available mode
+    assert page.locator('#sd-summary [data-identical="1"]').count() == 1
+    texts = {lanes.nth(i).locator(".sd-text").inner_text() for i in range(lanes.count())}
+    assert len(texts) == 1  # every lane wrote the same answer
+    assert page.locator("#sd-lanes table.sd-board tbody tr").count() == lanes.count()
+    assert not page.locator("#sd-ar").is_visible()  # the two-pane view gives way to the lanes
+    assert int(page.locator('#sd-summary [data-status="done"]').get_attribute("data-drawn")) > 0
+    page.wait_for_timeout(1500)  # let the plots draw
+    page.screenshot(path=str(SCREENSHOT.with_name("screenshot-race-all.png")), full_page=True)
+    page.get_by_role("tab", name="Step by step").click()
+    assert page.locator("#sd-step-lane").is_visible()
+    assert page.locator(".sd-tree svg.sd-tree-svg").count() == 1
+    if "rest" in {lanes.nth(i).get_attribute("data-lane") for i in range(lanes.count())}:
+        page.locator("#sd-step-lane input").click()
+        page.get_by_role("option", name="REST").click()
+        page.wait_for_selector("#sd-explain :text('The REST drafter')", timeout=60_000)
+        page.wait_for_timeout(500)
+        page.locator("#sd-steps").screenshot(path=str(SCREENSHOT.with_name("screenshot-tree.png")))

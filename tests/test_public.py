@@ -5,7 +5,12 @@ import pytest
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specdemo.app import public
-from specdemo.app.public import PublicModeRefusal, check_model, check_options, count_params
+from specdemo.app.public import (
+    PublicModeRefusal,
+    check_model,
+    check_options,
+    count_params,
+)
 from specdemo.app.request import UserError, race_request
 from specdemo.app.session import RaceRequest, run_race
 from specdemo.target import ModelLoadError, load_target

@@ -6,7 +6,14 @@ import threading
 
 import pytest
 
-from specdemo.app.page import MODEL_WORK, MODEL_WORK_LIMIT, QUEUE_SIZE, _options, on_generate
+from specdemo.app.gate import Gate
+from specdemo.app.page import (
+    MODEL_WORK,
+    MODEL_WORK_LIMIT,
+    QUEUE_SIZE,
+    _options,
+    on_generate,
+)
 from specdemo.app.plots import plots
 from specdemo.app.race import TextBuilder, summarize
 from specdemo.app.render import (
@@ -17,13 +24,19 @@ from specdemo.app.render import (
     summary_html,
     tree_html,
 )
-from specdemo.app.gate import Gate
 from specdemo.app.request import MAX_SEED, UserError, race_request
-from specdemo.app.session import MAX_WAITING, RaceRecord, RaceRequest, record_json, run_race
+from specdemo.app.session import (
+    MAX_WAITING,
+    RaceRecord,
+    RaceRequest,
+    record_json,
+    run_race,
+)
 from specdemo.drafters import REGISTRY, all_knobs, check_options, options
 from specdemo.engine import StepEvent
 from specdemo.tree import DraftTree
 
+REGISTRY_NAMES = [m.name for m in REGISTRY]
 SHORT = "Say hi."  # in-process loop tests: a short prompt keeps the prefill cheap
 PROMPT = ("Summarise this paragraph in one sentence:\nThe Eiffel Tower is a wrought-iron lattice tower on the Champ de "
           "Mars in Paris, France. It is named after the engineer Gustave Eiffel, whose company designed and built it.")
@@ -91,16 +104,50 @@ def test_panes_and_summary():
 def test_tree_view_marks_accepted_rejected_and_the_targets_token():
     rec = fake_record()
     html = tree_html(rec, 0)
-    assert html.count("sd-n-acc") == 3  # two accepted nodes + the legend
-    assert "sd-n-rej" in html and "␣y" in html  # the drafted " y" the target rejected (whitespace made visible)
-    assert "★ ↵" in html  # the target's own token, a newline
-    assert "sd-n-root" in html and ">!<" in html  # the tree hangs off the prompt's last token
-    assert "&lt;b&gt;" in html
+    assert html.count('class="sd-t sd-t-acc') == 2  # the accepted chain 2 → 3
+    assert html.count("sd-t-rej") == 1 and "␣y" in html  # the drafted " y" the target rejected (whitespace visible)
+    assert html.count("sd-t-other") == 1  # the sibling branch " q", never reached
+    assert html.count('class="sd-t sd-t-own"') == 1 and "★ ↵" in html  # the target's own token, a newline
+    assert 'data-node="root"' in html and ">!<" in html  # the tree hangs off the prompt's last token
+    assert html.count('class="sd-e-acc"') == 3  # root → 2 → 3 → the target's own token
+    assert "&lt;b&gt;" in html and "source: context" in html
     text = explain_step(rec, 0)
     assert "proposed 4 tokens" in text and "2 branches" in text and "first 2" in text and "3 tokens for one" in text
     assert "had no guess" in explain_step(rec, 1) and "max-new-tokens" in explain_step(rec, 1)
     tree, expl, so_far = show_step(rec, 99)  # clamped to the last step
     assert "Step 2 of 2" in expl and "sd-now" in so_far
+
+
+def test_a_64_node_tree_is_drawn_without_overlaps():
+    import random
+    import re
+
+    from specdemo.app.tree_svg import BOX_H, BOX_W, tree_svg
+
+    rng = random.Random(0)
+    parents = [-1] + [rng.randrange(-1, i) for i in range(1, 64)]
+    sources = [rng.choice(["datastore", "context", "head1", "head3", "adaptive"]) for _ in parents]
+    probe = [False] * 60 + [True] * 4  # leaves hung last: probes never have draft children
+    parents[60:] = [59, 59, 58, 58]
+    tree = DraftTree(list(range(100, 164)), parents, sources, probe, [rng.random() for _ in parents])
+    accepted = tree.path_to(57)
+    svg = tree_svg(tree, accepted, 999, 7, {i: f"t{i}" for i in range(1000)})
+    boxes = [(float(x), float(y)) for x, y in re.findall(r'<rect x="([\d.]+)" y="([\d.]+)"', svg)]
+    assert len(boxes) == 64 + 2  # every node, the root and the target's own token
+    assert len(set(boxes)) == len(boxes)  # no two boxes in one place
+    width, height = map(float, re.search(r'width="([\d.]+)" height="([\d.]+)"', svg).groups())
+    assert all(x + BOX_W <= width and y + BOX_H <= height for x, y in boxes)
+    assert svg.count('class="sd-t sd-t-acc') == len(accepted) and svg.count("sd-t-probe") == 4
+    assert svg.count("drafter's estimate") == 64 and "sd-k-datastore" in svg and "sd-k-head3" in svg
+
+
+def test_spans_name_their_source():
+    from specdemo.app.tree_svg import source_kind
+
+    html = spans_html(fake_record(), "spec")
+    assert 'data-src="prompt"' in html and 'data-src="own"' in html
+    assert [source_kind(s) for s in (None, "context", "datastore", "head2", "head7", "adaptive", "x")] == \
+        ["own", "prompt", "datastore", "head2", "head4", "adaptive", "draft"]
 
 
 def test_export_has_spec_bench_fields():
@@ -113,12 +160,15 @@ def test_export_has_spec_bench_fields():
 
 
 def test_plot_frames_have_fixed_types():
-    curve, hist, times = plots(fake_record())
+    curve, hist, times, depth = plots(fake_record())
     assert set(curve["run"]) == {"autoregressive", "speculative"} and curve["compute (s)"].dtype.kind == "f"
     assert list(hist["tokens per step"]) == ["1", "3"] and list(hist["steps"]) == [1, 1]
     assert len(times) == 4 and set(times["phase"]) == {"draft", "verify"}
-    empty = plots(None)  # every colour category is there from the start (Gradio fixes them on first draw)
-    assert set(empty[0]["run"]) == {"autoregressive", "speculative"} and set(empty[2]["phase"]) == {"draft", "verify"}
+    # acceptance by depth: step 1 accepted 2 drafts, step 2 none -> half the steps reach 1 and 2, none 3
+    assert list(depth["share of steps"])[:3] == [0.5, 0.5, 0.0] and set(depth["run"]) == {"speculative"}
+    empty = plots(None)
+    assert set(empty[0]["run"]) == {"autoregressive", "speculative"} and len(empty[2]) == 0
+    assert len(empty[3]) == 8 and set(empty[3]["share of steps"]) == {0.0}
 
 
 def test_knobs_become_drafter_options():
@@ -389,6 +439,58 @@ def test_race_api_streams_a_greedy_prompt_lookup_run(client):
     assert set(run["runs"]) == {"ar", "pld"}
     assert {"new_tokens", "wall_time", "accept_lengths"} <= set(run["runs"]["pld"])
     assert run["settings"]["options"] == {"num_tokens": 10}
+
+
+def test_race_all_api_streams_every_available_lane(client, embedded):
+    from specdemo.app.session import availability
+
+    job = client.submit(PROMPT, "embedded", 12, 0.0, 1.0, 0, 0, {"pld": {"num_tokens": 10}}, None,
+                        api_name="/race_all")
+    updates = list(job)
+    final = updates[-1]
+    assert final["status"] == "done", final["message"]
+    avail = availability(embedded)
+    expected = {m for m in REGISTRY_NAMES if avail.get(m) is None}
+    assert set(final["lanes"]) == {"ar"} | expected and set(final["skipped"]) == set(REGISTRY_NAMES) - expected
+    ar = final["lanes"]["ar"]["text"]
+    for method in expected:
+        lane = final["lanes"][method]
+        assert lane["identical"] and lane["text"] == ar and lane["done"] and lane["speedup"] > 0
+        assert len(lane["acceptance_by_depth"]) == 8
+    assert set(final["run"]["board"]) == expected and final["run"]["settings"]["options"] == {"pld": {"num_tokens": 10}}
+    assert any(u["status"] == "running" for u in updates[:-1]), "partial results must stream"
+
+
+@pytest.mark.parametrize("args, expect", [
+    (dict(methods=["warp"]), "Unknown method 'warp'"),
+    (dict(options={"rest": 16}), "options must map a method to its options"),
+    (dict(options={"rest": {"budget": "abc"}}), "give an integer from 1 to 256"),
+    (dict(max_new_tokens=0), "Max new tokens must be an integer from 1 to 512"),
+])
+def test_race_all_errors_come_back_as_messages(client, args, expect):
+    call = dict(prompt=PROMPT, model="embedded", max_new_tokens=8, temperature=0.0, top_p=1.0, top_k=0, seed=0,
+                options=None, methods=None) | args
+    out = client.predict(*call.values(), api_name="/race_all")
+    assert out["status"] == "error" and expect in out["message"], out
+
+
+def test_race_all_in_the_page_handler(embedded, monkeypatch):
+    import specdemo.app.page as page
+    from specdemo.app.page import RACE_OUTPUTS, on_race_all
+
+    monkeypatch.setattr(page, "TEXT_EVERY", 3600.0)
+    knobs = tuple(k.value for k in all_knobs())
+    outs = list(on_race_all("embedded", SHORT, 8, 0.0, 1.0, 0, 0, *knobs))
+    final = dict(zip(RACE_OUTPUTS, outs[-1]))
+    rec = final["record_state"]
+    assert rec.status == "done" and rec.request.race_all and len(rec.lanes) >= 3
+    assert all(s.identical for s in rec.summaries.values())
+    lanes = final["lanes"]["value"] if isinstance(final["lanes"], dict) else final["lanes"].value
+    assert lanes.count('class="sd-lane"') == len(rec.lanes) and lanes.count("<tr data-lane=") == len(rec.lanes)
+    assert 'data-lanes="%d"' % len(rec.lanes) in final["summary"] and 'data-identical="1"' in final["summary"]
+    first = dict(zip(RACE_OUTPUTS, outs[0]))
+    assert first["pair"].visible is False  # the two-pane view gives way to the lanes
+    assert "<svg" in final["tree_view"]  # Step by step shows a lane of the race all
 
 
 def test_bench_tab_formats_run_bench_results(monkeypatch, embedded):

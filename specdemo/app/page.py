@@ -16,18 +16,27 @@ import pandas as pd
 
 from specdemo import ASSETS
 from specdemo.app.drawn import DRAWN, mark_drawn, same_machine
-from specdemo.app.plots import plots
+from specdemo.app.plots import DEPTHS, SERIES_COLOURS, plots, series
 from specdemo.app.public import public_mode
 from specdemo.app.render import (
     bench_bars_html,
     header_html,
+    lanes_html,
     message_html,
     modes_html,
     pane_html,
     show_step,
+    step_lane,
     summary_html,
 )
-from specdemo.app.request import MAX_NEW_TOKENS, MODES, UserError, race_request
+from specdemo.app.request import (
+    MAX_NEW_TOKENS,
+    MODES,
+    RaceRequest,
+    UserError,
+    race_all_request,
+    race_request,
+)
 from specdemo.app.session import (
     DEFAULT_MODE_ORDER,
     GATE,
@@ -39,10 +48,17 @@ from specdemo.app.session import (
     bench_on_device,
     explain_error,
     load_model,
+    race_all_api,
     race_api,
     record_json,
     run_race,
     throttled,
+)
+from specdemo.app.user_store import (
+    MAX_FILES,
+    MAX_TEXT_BYTES,
+    UserStoreError,
+    build_user_store,
 )
 from specdemo.drafters import (
     LABELS,
@@ -51,6 +67,7 @@ from specdemo.drafters import (
     knobs,
     options,
 )
+from specdemo.drafters.rest.datastore import DatastoreError
 from specdemo.sampling import SamplingConfig
 from specdemo.target import (
     EMBEDDED,
@@ -69,10 +86,11 @@ MODEL_CHOICES = (
 # backstop, since a request it refuses reaches a scripted client as an error without a message.
 MODEL_WORK = "model"
 # The page's updates while racing: the text at most every TEXT_EVERY seconds of racing, the plots at most every
-# PLOT_EVERY.  A browser on this machine draws them on the cores the race is timed on, so the race waits until the page
-# reports each one drawn (app/drawn.py); the wait is charged to neither run and the summary shows it.
-TEXT_EVERY = 0.25
-PLOT_EVERY = 2.0
+# PLOT_EVERY (each redraw re-embeds four charts, the browser's most expensive work).  A browser on this machine draws
+# them on the cores the race is timed on, so the race waits until the page reports each one drawn (app/drawn.py); the
+# wait is charged to no run and the summary shows it.
+TEXT_EVERY = 0.5
+PLOT_EVERY = 5.0
 MODEL_WORK_LIMIT = MAX_WAITING + 2
 QUEUE_SIZE = 4 * MAX_WAITING
 
@@ -136,18 +154,89 @@ def on_generate(model: str, method: str, prompt: str, max_new_tokens: float, tem
                 top_k: float, seed: float, *knobs, request: gr.Request | None = None):
     """The page's Generate: stream the race into both panes, the summary and (throttled) the plots."""
     try:
+        options = _with_user_store({method: _options(method, knobs)}, model, request)[method]
         req = race_request(prompt, method or "pld", model or EMBEDDED, max_new_tokens, temperature, top_p, top_k, seed,
-                           _options(method, knobs))
+                           options)
     except UserError as exc:
-        gr.Warning(str(exc))
-        yield (gr.skip(),) * 3 + (message_html(str(exc), "error"),) + (gr.skip(),) * 9
+        yield _refused(str(exc))
         return
+    yield from _stream(req, request)
+
+
+def on_race_all(model: str, prompt: str, max_new_tokens: float, temperature: float, top_p: float, top_k: float,
+                seed: float, *knobs, request: gr.Request | None = None):
+    """The page's Race all: AR and every method available for the model, one lane each, each with its settings."""
+    try:
+        req = race_all_request(prompt, model or EMBEDDED, max_new_tokens, temperature, top_p, top_k, seed,
+                               _with_user_store({m: _options(m, knobs) for m in MODES}, model, request))
+    except UserError as exc:
+        yield _refused(str(exc))
+        return
+    yield from _stream(req, request)
+
+
+# session -> (model, folder) of the datastore built in "Your datastore" (local mode): that model's REST races use it
+_USER_STORES: dict[str, tuple[str, str]] = {}
+
+
+def _with_user_store(options: dict[str, dict], model: str | None, request: gr.Request | None) -> dict[str, dict]:
+    store = _USER_STORES.get(_session(request))
+    if store and "rest" in options and store[0] == ((model or EMBEDDED).strip() or EMBEDDED):
+        options["rest"] = {**options["rest"], "datastore": store[1]}
+    return options
+
+
+def on_build_store(model: str, files: list[str] | None, folder: str | None, request: gr.Request | None = None,
+                   progress=gr.Progress(track_tqdm=True)) -> str:
+    """Your datastore: build a REST datastore for the loaded model from uploads or a folder (local mode only)."""
+    if public_mode():
+        return message_html("Building datastores is off in the public mode.", "error")
+    inputs = list(files or []) + ([folder.strip()] if folder and folder.strip() else [])
+    if not inputs:
+        return message_html("Upload files or archives, or name a folder on this machine, then press Build.", "error")
+    name = (model or EMBEDDED).strip() or EMBEDDED
+    try:
+        with GATE.turn():  # tokenising and sorting compete with a running race for the cores
+            target = load_model(name)
+            progress(0, desc="reading the files")
+            out, manifest, corpus = build_user_store(target, inputs)
+    except (UserStoreError, DatastoreError) as exc:
+        return message_html(str(exc), "error")
+    except Exception as exc:  # noqa: BLE001 — every failure becomes a message
+        return message_html(explain_error(exc), "error")
+    _USER_STORES[_session(request)] = (name, str(out))
+    skipped = f" Skipped: {corpus.skipped_text()}." if corpus.skipped else ""
+    return message_html(f"Built a datastore of {manifest['tokens']:,} tokens from {len(corpus.files)} file(s) "
+                        f"({corpus.bytes / 1e6:.1f} MB) for {target.name}. REST races on this model now retrieve from "
+                        f"it (Generate with REST, or Race all).{skipped}", "info")
+
+
+def on_reset_store(request: gr.Request | None = None) -> str:
+    _USER_STORES.pop(_session(request), None)
+    return message_html("REST uses the model's default datastore again.", "info")
+
+
+def _refused(message: str) -> tuple:
+    gr.Warning(message)
+    return (gr.skip(),) * 3 + (message_html(message, "error"),) + (gr.skip(),) * (len(RACE_OUTPUTS) - 4)
+
+
+# what _stream yields, in order (the page's race outputs; _wire lists the components in the same order)
+RACE_OUTPUTS = ("ar_pane", "spec_pane", "summary", "message", "curve_plot", "hist_plot", "time_plot", "record_state",
+                "step", "tree_view", "explanation", "step_text", "export_btn", "pair", "lanes", "depth_plot",
+                "step_lane")
+
+
+def _stream(req: RaceRequest, request: gr.Request | None):
+    """Stream a race (of one method, or race all) into the page: text at most every TEXT_EVERY seconds of racing,
+    plots every PLOT_EVERY, and everything at the end.  A browser on this machine is waited for after each update
+    until it misses one (app/drawn.py)."""
     stop = _STOPS.setdefault(_session(request), threading.Event())
     stop.clear()
-    last_plot = 0.0
-    # a browser on this machine is waited for after each update (see app/drawn.py) until it misses one
+    last_plot, first = 0.0, True
     wait_for_page = same_machine(getattr(getattr(request, "client", None), "host", None))
     acked = 0
+    skip = gr.skip()
     try:
         for rec in throttled(run_race(req, None if ZERO_GPU else stop), TEXT_EVERY):
             final = not rec.active
@@ -157,20 +246,31 @@ def on_generate(model: str, method: str, prompt: str, max_new_tokens: float, tem
                 last_plot = now
             if final and rec.status == "error":
                 gr.Warning(rec.message)
-            n = len(rec.runs["spec"].events)
-            steps = show_step(rec, 1) if final else (gr.skip(),) * 3
+            lane = step_lane(rec)
+            n = len(rec.runs[lane].events) if lane else 0
             token = DRAWN.expect() if wait_for_page and not final else None
-            yield (
-                pane_html(rec, "ar"), pane_html(rec, "spec"), summary_html(rec, token, acked),
-                message_html(rec.message, "error" if rec.status == "error" else "info") if final or rec.message
-                else "",
-                *(plot_updates(rec) if plot_now else (gr.skip(),) * 3),
-                rec if final else gr.skip(),
-                gr.Slider(minimum=1, maximum=max(n, 2), value=1, step=1, interactive=n > 1) if final else gr.skip(),
-                *steps,
-                gr.DownloadButton(value=_write_json(record_json(rec), "specdemo-run-"), interactive=True)
-                if final and n else gr.skip(),
+            every = req.race_all
+            out = dict(
+                ar_pane=skip if every else pane_html(rec, "ar"),
+                spec_pane=skip if every else pane_html(rec, "spec"),
+                summary=summary_html(rec, token, acked),
+                message=(message_html(rec.message, "error" if rec.status == "error" else "info")
+                         if final or rec.message else ""),
+                record_state=rec if final else skip,
+                step=gr.Slider(minimum=1, maximum=max(n, 2), value=1, step=1, interactive=n > 1) if final else skip,
+                export_btn=(gr.DownloadButton(value=_write_json(record_json(rec), "specdemo-run-"), interactive=True)
+                            if final and n else skip),
+                pair=gr.Row(visible=not every) if first else skip,
+                lanes=gr.HTML(lanes_html(rec), visible=every) if every or first else skip,
+                step_lane=(gr.Dropdown(choices=[(LABELS.get(rec.lanes[k], k), k) for k in rec.spec_lanes],
+                                       value=lane, visible=every) if final else skip),
             )
+            out.update(zip(("tree_view", "explanation", "step_text"),
+                           show_step(rec, 1, lane) if final else (skip,) * 3))
+            out.update(zip(("curve_plot", "hist_plot", "time_plot", "depth_plot"),
+                           plot_updates(rec) if plot_now else (skip,) * 4))
+            yield tuple(out[k] for k in RACE_OUTPUTS)
+            first = False
             if token is not None:
                 if DRAWN.wait(token):
                     acked += 1
@@ -180,9 +280,28 @@ def on_generate(model: str, method: str, prompt: str, max_new_tokens: float, tem
         _STOPS.pop(_session(request), None)
 
 
+COLOUR_JS = '(v) => { document.body.classList.toggle("sd-by-source", v === "by source"); return v; }'
+
+
+def _on_step_lane(rec: RaceRecord | None, lane: str | None) -> tuple:
+    """Step by step switched to another lane of a race all: its first step, the slider sized to its steps."""
+    key = step_lane(rec, lane)
+    n = len(rec.runs[key].events) if key else 0
+    return (gr.Slider(minimum=1, maximum=max(n, 2), value=1, step=1, interactive=n > 1), *show_step(rec, 1, lane))
+
+
+def _next_step(k: float, rec: RaceRecord | None, lane: str | None) -> int:
+    key = step_lane(rec, lane)
+    return min(int(k) + 1, len(rec.runs[key].events)) if key else 1
+
+
 def generate_event(request: gr.Request, *inputs):
     """on_generate as an event: Gradio injects the request only into a parameter it can see by position."""
     yield from on_generate(*inputs, request=request)
+
+
+def race_all_event(request: gr.Request, *inputs):
+    yield from on_race_all(*inputs, request=request)
 
 
 def on_stop(request: gr.Request | None = None) -> None:
@@ -304,16 +423,21 @@ def _controls(ui: SimpleNamespace, default_model: str) -> None:
                 ui.knob_inputs = [ui.sliders[k] for k in all_knobs()]  # the order _options() reads them in
             with gr.Row():
                 ui.gen_btn = gr.Button("Generate", variant="primary", elem_id="sd-generate", scale=3)
+                ui.all_btn = gr.Button("Race all", elem_id="sd-race-all", scale=2)
                 ui.stop_btn = gr.Button("Stop", variant="stop", elem_id="sd-stop", scale=1)
 
 
 def _race_view(ui: SimpleNamespace) -> None:
-    """Messages, the summary and the two panes of the race."""
+    """Messages, the summary, the colour switch, and the two panes of a race (or the lanes of a race all)."""
     ui.message = gr.HTML("", padding=False, elem_id="sd-message")
     ui.summary = gr.HTML(summary_html(None), padding=False, elem_id="sd-summary")
-    with gr.Row(equal_height=True):
+    ui.colour = gr.Radio(["by step", "by source"], value="by step", label="Colour accepted drafts",
+                         info="by source: the prompt, the datastore, head 1…k, adaptive tokens, or the target's own",
+                         elem_id="sd-colour")
+    with gr.Row(equal_height=True) as ui.pair:
         ui.ar_pane = gr.HTML(pane_html(None, "ar"), padding=False, elem_id="sd-ar")
         ui.spec_pane = gr.HTML(pane_html(None, "spec"), padding=False, elem_id="sd-spec")
+    ui.lanes = gr.HTML("", padding=False, elem_id="sd-lanes", visible=False)
 
 
 def _tabs(ui: SimpleNamespace) -> None:
@@ -323,25 +447,46 @@ def _tabs(ui: SimpleNamespace) -> None:
             with gr.Row():
                 ui.curve_plot = gr.LinePlot(plots(None)[0], x="compute (s)", y="tokens", color="run",
                                             title="Tokens vs own compute time", label="Tokens vs compute time",
-                                            color_map={"autoregressive": "#9ca3af", "speculative": "#6366f1"})
+                                            x_axis_format="~g", y_axis_format="~g", color_map=SERIES_COLOURS)
                 ui.hist_plot = gr.BarPlot(plots(None)[1], x="tokens per step", y="steps",
-                                          title="Tokens per step (accepted + 1)",
+                                          title="Tokens per step (accepted + 1)", y_axis_format="~g",
                                           label="Accepted lengths", y_lim=[0, None])
                 ui.time_plot = gr.BarPlot(plots(None)[2], x="step", y="ms", color="phase",
                                           title="Draft vs verify ms per step",
-                                          label="Draft vs verify", y_lim=[0, None],
+                                          label="Draft vs verify", y_lim=[0, None], y_axis_format="d",
                                           color_map={"draft": "#f59e0b", "verify": "#6366f1"})
+                ui.depth_plot = gr.LinePlot(plots(None)[3], x="accepted drafts ≥", y="share of steps", color="run",
+                                            title="Acceptance by depth", label="Acceptance by depth",
+                                            y_lim=[0, 1], y_axis_format="~g", color_map=SERIES_COLOURS,
+                                            sort=[str(d + 1) for d in range(DEPTHS)])
         with gr.Tab("Step by step", elem_id="sd-steps"):
             gr.Markdown("Walk through the speculative run one verification step at a time: the tree the drafter "
                         "proposed, the path the target accepted, and the token that stopped it.")
             with gr.Row():
+                ui.step_lane = gr.Dropdown([], label="Lane", visible=False, scale=2, elem_id="sd-step-lane")
                 ui.prev_btn = gr.Button("◀ Previous step", size="sm", scale=1)
                 ui.step = gr.Slider(1, 2, value=1, step=1, label="Step", interactive=False, scale=6)
                 ui.next_btn = gr.Button("Next step ▶", size="sm", variant="primary", scale=1, elem_id="sd-next")
             ui.explanation = gr.Markdown(elem_id="sd-explain")
             with gr.Row():
-                ui.tree_view = gr.HTML(padding=False)
-                ui.step_text = gr.HTML(padding=False)
+                ui.tree_view = gr.HTML(padding=False, scale=3)
+                ui.step_text = gr.HTML(padding=False, scale=2)
+        if not public_mode():
+            with gr.Tab("Your datastore", elem_id="sd-user-store"):
+                gr.Markdown(f"REST retrieves its drafts from a datastore. Build one from your own text for the loaded "
+                            f"model: text files (.txt, .md, .py, .jsonl with `text` or `conversations`), .zip / "
+                            f".tar.gz archives of them, or a folder on this machine. Up to "
+                            f"{MAX_TEXT_BYTES >> 20} MB of text and {MAX_FILES:,} files; binary and empty files are "
+                            f"skipped. REST races on this model then use it.")
+                with gr.Row():
+                    ui.store_files = gr.File(file_count="multiple", type="filepath", label="Files or archives",
+                                             elem_id="sd-store-files")
+                    ui.store_folder = gr.Textbox(label="or a folder on this machine", placeholder="~/my-notes",
+                                                 elem_id="sd-store-folder")
+                with gr.Row():
+                    ui.store_btn = gr.Button("Build datastore", variant="primary", elem_id="sd-store-build")
+                    ui.store_reset = gr.Button("Use the default datastore")
+                ui.store_status = gr.HTML(padding=False, elem_id="sd-store-status")
         with gr.Tab("Export"):
             gr.Markdown("The last race as JSON: Spec-Bench fields (`new_tokens`, `wall_time`, `accept_lengths`) "
                         "per run, plus method, model, settings and the summary. `wall_time` is each run's own "
@@ -377,32 +522,44 @@ def _wire(demo: gr.Blocks, ui: SimpleNamespace) -> None:
     for m, g in ui.groups.items():
         ui.mode.change(lambda x, m=m: gr.Group(visible=x == m), [ui.mode], [g], api_visibility="private", queue=False)
 
-    gen_outputs = [ui.ar_pane, ui.spec_pane, ui.summary, ui.message, ui.curve_plot, ui.hist_plot, ui.time_plot,
-                   ui.record_state, ui.step, ui.tree_view, ui.explanation, ui.step_text, ui.export_btn]
+    race_outputs = [getattr(ui, name) for name in RACE_OUTPUTS]
     gen_inputs = [ui.model, ui.mode, ui.prompt, ui.max_new, ui.temperature, ui.top_p, ui.top_k, ui.seed,
                   *ui.knob_inputs]
+    all_inputs = [ui.model, ui.prompt, ui.max_new, ui.temperature, ui.top_p, ui.top_k, ui.seed, *ui.knob_inputs]
     # no progress overlay: the panes show the race's state, and Gradio's animated timers on every output would keep
     # the browser drawing (on the cores the race runs on) for the whole race
     race_work = dict(model_work, show_progress="hidden")
-    run_event = ui.gen_btn.click(generate_event, gen_inputs, gen_outputs, api_visibility="undocumented",
+    run_event = ui.gen_btn.click(generate_event, gen_inputs, race_outputs, api_visibility="undocumented",
                                  api_name="generate", **race_work)
-    submit_event = ui.prompt.submit(generate_event, gen_inputs, gen_outputs, api_visibility="private", **race_work)
-    for event in (run_event, submit_event):  # redraw the plots once more: Gradio shows a re-embedded plot one
-        event.then(refresh_plots, [ui.record_state], [ui.curve_plot, ui.hist_plot, ui.time_plot],  # update late
+    submit_event = ui.prompt.submit(generate_event, gen_inputs, race_outputs, api_visibility="private", **race_work)
+    all_event = ui.all_btn.click(race_all_event, all_inputs, race_outputs, api_visibility="private", **race_work)
+    plot_outputs = [ui.curve_plot, ui.hist_plot, ui.time_plot, ui.depth_plot]
+    for event in (run_event, submit_event, all_event):  # redraw the plots once more: Gradio shows a re-embedded
+        event.then(refresh_plots, [ui.record_state], plot_outputs,  # plot's last update late
                    api_visibility="private", queue=False)
     ui.stop_btn.click(on_stop, None, None, api_visibility="private", queue=False,
-                      cancels=[run_event] if ZERO_GPU else None)
+                      cancels=[run_event, all_event] if ZERO_GPU else None)
+    # colouring is the browser's alone: every span carries its source, the switch flips one class
+    ui.colour.change(None, [ui.colour], None, js=COLOUR_JS, api_visibility="private", queue=False)
 
-    ui.step.change(show_step, [ui.record_state, ui.step], [ui.tree_view, ui.explanation, ui.step_text],
-                   api_visibility="private", queue=False)
+    step_views = [ui.tree_view, ui.explanation, ui.step_text]
+    ui.step.change(show_step, [ui.record_state, ui.step, ui.step_lane], step_views, api_visibility="private",
+                   queue=False)
+    ui.step_lane.change(_on_step_lane, [ui.record_state, ui.step_lane], [ui.step, *step_views],
+                        api_visibility="private", queue=False)
     ui.prev_btn.click(lambda k: max(1, int(k) - 1), [ui.step], [ui.step], api_visibility="private", queue=False)
-    ui.next_btn.click(lambda k, r: min(int(k) + 1, len(r.runs["spec"].events) if r else 1),
-                      [ui.step, ui.record_state], [ui.step], api_visibility="private", queue=False)
+    ui.next_btn.click(_next_step, [ui.step, ui.record_state, ui.step_lane], [ui.step], api_visibility="private",
+                      queue=False)
 
+    if not public_mode():
+        ui.store_btn.click(on_build_store, [ui.model, ui.store_files, ui.store_folder], [ui.store_status],
+                           api_visibility="private", **model_work)
+        ui.store_reset.click(on_reset_store, None, [ui.store_status], api_visibility="private", queue=False)
     ui.bench_btn.click(on_bench, [ui.model, ui.bench_methods, ui.bench_prompts, ui.bench_tokens],
                        [ui.bench_table, ui.bench_plot, ui.bench_note, ui.bench_json], api_visibility="private",
                        **model_work)
     gr.api(race_api, api_name="race", **model_work)
+    gr.api(race_all_api, api_name="race_all", **model_work)
     gr.api(mark_drawn, api_name="drawn", queue=False, api_visibility="undocumented")
 
 
@@ -456,6 +613,12 @@ print(final["summary"])    # speedup, tau, forwards_saved, identical, ...
 print(final["run"])        # the exported JSON: new_tokens, wall_time, accept_lengths per run
 ```
 
+**`/race_all`** races AR against every method available for the model, each in its own lane, and streams the same
+way: `client.submit(prompt, "embedded", 64, 0.0, 1.0, 0, 0, {"rest": {"budget": 16}}, None, api_name="/race_all")`
+(options per method; the last argument picks methods, `None` = all). Each dict holds `lanes` (per run: text,
+tokens/s, τ, `acceptance_by_depth`; per method also `speedup` and `identical`) and `skipped` (methods that cannot
+run on the model, with the reason).
+
 Errors come back as `{"status": "error", "message": ...}`, not as exceptions. Methods (those available for the
 model) and the options the page offers (a drafter takes more, see README):
 """
@@ -482,26 +645,34 @@ def launch_kwargs() -> dict:
                                 font_mono=["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace"]),
         "css_paths": [ASSETS / "style.css"],
         "js": (ASSETS / "drawn.js").read_text(),
+        "max_file_size": MAX_TEXT_BYTES,  # the only uploads are "Your datastore"'s, capped there too
     }
 
 
 def plot_updates(rec: RaceRecord) -> tuple:
-    """The three plots as updates.  Each carries a caption that changes with the data: a changed caption makes Gradio
+    """The four plots as updates.  Each carries a caption that changes with the data: a changed caption makes Gradio
     re-embed the chart (a bare data swap keeps stale scales); the categorical x axes get their numeric order."""
-    curve, hist, times = plots(rec)
-    ar, spec = rec.runs["ar"], rec.runs["spec"]
-    verify = sorted(e.verify_s for e in spec.events[1:]) or [0.0]  # step 1 also reads the prompt
-    draft = sorted(e.draft_s for e in spec.events[1:]) or [0.0]
+    lane = step_lane(rec) or "spec"
+    curve, hist, times, depth = plots(rec, lane)
+    one = rec.runs.get(lane)
+    name = series(rec, lane)
+    verify = sorted(e.verify_s for e in one.events[1:]) if one else []  # step 1 also reads the prompt
+    draft = sorted(e.draft_s for e in one.events[1:]) if one else []
+    mid = lambda xs: xs[len(xs) // 2] if xs else 0.0  # noqa: E731
+    steps = len(one.events) if one else 0
     return (
-        gr.LinePlot(value=curve, caption=f"autoregressive: {ar.n_tokens} tokens in {ar.compute_s:.2f} s · "
-                                         f"speculative: {spec.n_tokens} tokens in {spec.compute_s:.2f} s"),
+        gr.LinePlot(value=curve, caption=" · ".join(f"{series(rec, k)}: {r.n_tokens} tokens in {r.compute_s:.2f} s"
+                                                    for k, r in rec.runs.items())),
         gr.BarPlot(value=hist, sort=list(hist["tokens per step"]),
-                   caption=f"{spec.forwards} steps · τ = {spec.tau:.2f} tokens per target forward"),
-        gr.BarPlot(value=times, sort=list(dict.fromkeys(times["step"])),
-                   caption=f"median draft {1e3 * draft[len(draft) // 2]:.1f} ms · median verify "
-                           f"{1e3 * verify[len(verify) // 2]:.0f} ms (steps 2+)"),
+                   caption=f"{name}: {steps} steps · τ = {one.tau if one else 0:.2f} tokens per target forward"),
+        gr.BarPlot(value=times, sort=list(dict.fromkeys(times["step"])), x_axis_labels_visible=steps <= 40,
+                   x_title=f"step (1 … {steps})" if steps > 40 else "step",
+                   caption=f"{name}: median draft {1e3 * mid(draft):.1f} ms · median verify "
+                           f"{1e3 * mid(verify):.0f} ms (steps 2+)"),
+        gr.LinePlot(value=depth, caption=" · ".join(f"{series(rec, k)}: τ {rec.runs[k].tau:.2f}"
+                                                    for k in rec.spec_lanes)),
     )
 
 
 def refresh_plots(rec: RaceRecord | None) -> tuple:
-    return plot_updates(rec) if rec is not None else (gr.skip(),) * 3
+    return plot_updates(rec) if rec is not None else (gr.skip(),) * 4

@@ -5,6 +5,7 @@ import html
 
 from specdemo.app.race import TextBuilder
 from specdemo.app.session import MODES, RaceRecord
+from specdemo.app.tree_svg import source_kind, tree_svg
 from specdemo.drafters import LABELS
 from specdemo.target import Target
 
@@ -13,13 +14,9 @@ def _esc(text: str) -> str:
     return html.escape(text, quote=True)
 
 
-def _visible(text: str) -> str:
-    """A token as a tree label: whitespace made visible."""
-    return text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥") or "∅"
-
-
 def spans_html(rec: RaceRecord, key: str) -> str:
-    """The run's text as escaped spans: accepted drafts shaded by step parity, the target's own tokens plain."""
+    """The run's text as escaped spans: accepted drafts shaded by step parity, the target's own tokens plain; every
+    span also names its source (data-src), which the page's "colour by source" switch shows instead."""
     run = rec.runs[key]
     out = []
     for p in TextBuilder.groups_of(rec.pieces[key]):
@@ -32,18 +29,29 @@ def spans_html(rec: RaceRecord, key: str) -> str:
         elif p.from_draft:
             tip = (f"step {p.step + 1} · accepted {ev.accepted} of {ev.tree_size} drafted · "
                    f"source: {p.source or 'draft'}")
-            out.append(f'<span class="sd-acc sd-s{p.step % 2}" data-step="{p.step + 1}" title="{_esc(tip)}">'
-                       f'{text}</span>')
+            out.append(f'<span class="sd-acc sd-s{p.step % 2}" data-step="{p.step + 1}" '
+                       f'data-src="{source_kind(p.source or "draft")}" title="{_esc(tip)}">{text}</span>')
         else:
             tip = (f"step {p.step + 1} · the target's own token · accepted {ev.accepted} of {ev.tree_size} drafted"
                    if ev.tree_size else f"step {p.step + 1} · the target's own token · nothing was drafted")
-            out.append(f'<span class="sd-own" data-step="{p.step + 1}" title="{_esc(tip)}">{text}</span>')
+            out.append(f'<span class="sd-own" data-step="{p.step + 1}" data-src="own" title="{_esc(tip)}">'
+                       f'{text}</span>')
     return "".join(out)
+
+
+SOURCE_NAMES = {"prompt": "the prompt", "datastore": "datastore", "head1": "head 1", "head2": "head 2",
+                "head3": "head 3", "head4": "head 4+", "adaptive": "adaptive token", "draft": "draft",
+                "own": "the target's own"}
+LEGEND = ('<div class="sd-legend sd-legend-step"><span class="sd-acc sd-s0">accepted</span><span class="sd-acc sd-s1">'
+          'draft</span> tokens (shade alternates per step) · plain = the target\'s own token · hover for details</div>'
+          '<div class="sd-legend sd-legend-source">'
+          + "".join(f'<span data-src="{k}">{v}</span>' for k, v in SOURCE_NAMES.items() if k != "draft")
+          + ' · hover for details</div>')
 
 
 def pane_html(rec: RaceRecord | None, key: str) -> str:
     """One side of the race: title, live stats, a progress bar and the streamed text."""
-    title = "Autoregressive" if key == "ar" else (rec.label if rec else "Speculative")
+    title = _lane_title(rec, key) if rec else ("Autoregressive" if key == "ar" else "Speculative")
     badge = "baseline · one token per forward" if key == "ar" else "speculative · drafts verified in one forward"
     if rec is None or (rec.status == "error" and not rec.runs[key].events):
         body = '<span class="sd-placeholder">Press Generate to start the race.</span>'
@@ -59,11 +67,7 @@ def pane_html(rec: RaceRecord | None, key: str) -> str:
         body = spans_html(rec, key) or '<span class="sd-placeholder">…</span>'
         if run.done:
             pct = 100.0
-    legend = ""
-    if key == "spec":
-        legend = ('<div class="sd-legend"><span class="sd-acc sd-s0">accepted</span><span class="sd-acc sd-s1">draft'
-                  '</span> tokens (shade alternates per step) · plain = the target\'s own token · hover for details'
-                  '</div>')
+    legend = LEGEND if key != "ar" and not (rec and rec.request.race_all) else ""
     return (f'<div class="sd-pane sd-pane-{key}"><div class="sd-pane-head"><span class="sd-pane-title">{_esc(title)}'
             f'</span><span class="sd-badge">{badge}</span></div><div class="sd-stats">{stats}</div>'
             f'<div class="sd-bar"><div style="width:{pct:.1f}%"></div></div>{legend}'
@@ -76,9 +80,11 @@ def summary_html(rec: RaceRecord | None, update: str | None = None, drawn: int =
     `update` is the token the page acknowledges once it has drawn this update (app/drawn.py); `drawn` counts the
     race's updates acknowledged so far."""
     ack = f' data-update="{update}"' if update else ""
-    if rec is None or rec.summary is None:
-        return (f'<div class="sd-summary sd-muted"{ack}>The two decoders run interleaved in one process; the one that has '
-                'used less compute so far always goes next, so each pane grows at its true speed.</div>')
+    if rec is None or (rec.summary is None and not (rec.request.race_all and rec.summaries)):
+        return (f'<div class="sd-summary sd-muted"{ack}>The decoders run interleaved in one process; the one that '
+                'has used less compute so far always goes next, so each pane grows at its true speed.</div>')
+    if rec.request.race_all:
+        return _board_summary_html(rec, ack, drawn)
     s = rec.summary
     final = not rec.active
     note = "final" if rec.status == "done" else ("so far" if rec.active else rec.status)
@@ -97,12 +103,70 @@ def summary_html(rec: RaceRecord | None, update: str | None = None, drawn: int =
     inner = "".join(f'<div class="sd-card {cls}"><div class="sd-card-label">{k}</div><div class="sd-card-value">{v}'
                     f'</div><div class="sd-card-note">{n}</div></div>' for k, v, n, cls in cards)
     wall, other = rec.wall_s, rec.other_s
-    clock = (f'<div class="sd-clock">wall {wall:.2f} s: decoding {wall - other:.2f} s · page and bookkeeping '
-             f'{other:.2f} s ({100 * other / wall:.0f}%), not charged to either run</div>' if wall > 0 else "")
+    clock = _clock_html(rec)
     data = (f'data-status="{rec.status}" data-speedup="{s.speedup or 0:.4f}" '
             f'data-ar-tps="{rec.runs["ar"].tokens_per_s:.4f}" data-wall-s="{wall:.3f}" data-page-s="{other:.3f}" '
             f'data-drawn="{drawn}"{ack}')
     return f'<div class="sd-summary" {data}>{inner}{clock}</div>'
+
+
+def _clock_html(rec: RaceRecord) -> str:
+    wall, other = rec.wall_s, rec.other_s
+    return (f'<div class="sd-clock">wall {wall:.2f} s: decoding {wall - other:.2f} s · page and bookkeeping '
+            f'{other:.2f} s ({100 * other / wall:.0f}%), not charged to any run</div>' if wall > 0 else "")
+
+
+def _board_summary_html(rec: RaceRecord, ack: str, drawn: int) -> str:
+    """A race all's summary cards: the fastest lane, the lanes still racing, and whether every output matches AR."""
+    note = "final" if rec.status == "done" else ("so far" if rec.active else rec.status)
+    best = max(rec.spec_lanes, key=lambda k: rec.runs[k].tokens_per_s)
+    s = rec.summaries[best]
+    identical = all(x.identical for x in rec.summaries.values())
+    racing = sum(not r.done for r in rec.runs.values())
+    cards = [
+        ("Fastest", LABELS.get(rec.lanes[best], best), f"{s.speedup or 0:.2f}× vs autoregressive ({note})",
+         "sd-big" if not rec.active else ""),
+        ("Lanes", f"{len(rec.lanes)}", f"{racing} still racing" if racing else "all finished", ""),
+        ("Best τ", f"{max(rec.runs[k].tau for k in rec.spec_lanes):.2f}", "tokens per target forward", ""),
+        ("Outputs", "✓ all identical" if identical else "✗ some differ", "every lane vs autoregressive",
+         "sd-ok" if identical else "sd-bad"),
+    ]
+    inner = "".join(f'<div class="sd-card {cls}"><div class="sd-card-label">{k}</div><div class="sd-card-value">{v}'
+                    f'</div><div class="sd-card-note">{n}</div></div>' for k, v, n, cls in cards)
+    data = (f'data-status="{rec.status}" data-lanes="{len(rec.lanes)}" data-identical="{int(identical)}" '
+            f'data-wall-s="{rec.wall_s:.3f}" data-page-s="{rec.other_s:.3f}" data-drawn="{drawn}"{ack}')
+    return f'<div class="sd-summary" {data}>{inner}{_clock_html(rec)}</div>'
+
+
+def lanes_html(rec: RaceRecord | None) -> str:
+    """Race all: the finishing board (ranked by tokens/s) over one lane per run, each streaming its text."""
+    if rec is None or not rec.request.race_all:
+        return ""
+    rows = []
+    ranked = sorted(rec.lanes, key=lambda k: -rec.runs[k].tokens_per_s)
+    for place, key in enumerate(ranked, 1):
+        run, s = rec.runs[key], rec.summaries.get(key)
+        draft = sum(e.draft_s for e in run.events)
+        pct = 100 * draft / run.compute_s if run.compute_s else None
+        share = "–" if pct is None else f"{pct:.0f}% / {100 - pct:.0f}%"
+        same = "–" if s is None else ("✓" if s.identical else f"✗ at {s.first_difference}")
+        speed = "1.00×" if key == "ar" else ("–" if s is None or s.speedup is None else f"{s.speedup:.2f}×")
+        rows.append(f'<tr data-lane="{rec.lanes[key]}" data-tps="{run.tokens_per_s:.4f}" '
+                    f'data-speedup="{1.0 if key == "ar" else (s.speedup or 0) if s else 0:.4f}"><td>{place}</td><td>{_esc(_lane_title(rec, key))}</td>'
+                    f'<td>{run.tokens_per_s:.1f}</td><td><b>{speed}</b></td><td>{run.tau:.2f}</td><td>{same}</td>'
+                    f'<td>{share}</td><td>{run.forwards}</td><td>{"done" if run.done else "racing…"}</td></tr>')
+    board = ('<table class="sd-board"><thead><tr><th>#</th><th>run</th><th>tok/s</th><th>speedup</th><th>τ</th>'
+             '<th>identical</th><th>draft / verify</th><th>forwards</th><th></th></tr></thead>'
+             f'<tbody>{"".join(rows)}</tbody></table>')
+    skipped = "".join(f'<div class="sd-mode-off"><b>{_esc(LABELS.get(m, m))}</b> not raced: {_esc(why)}</div>'
+                      for m, why in rec.skipped.items())
+    lanes = "".join(f'<div class="sd-lane" data-lane="{rec.lanes[k]}">{pane_html(rec, k)}</div>' for k in rec.lanes)
+    return (f'<div class="sd-lanes">{board}<div class="sd-modes">{skipped}</div>{LEGEND}'
+            f'<div class="sd-lane-grid">{lanes}</div></div>')
+
+
+def _lane_title(rec: RaceRecord, key: str) -> str:
+    return "Autoregressive" if key == "ar" else LABELS.get(rec.lanes[key], rec.lanes[key])
 
 
 def message_html(text: str | None, kind: str = "error") -> str:
@@ -129,84 +193,50 @@ def modes_html(avail: dict[str, str | None]) -> str:
     return f'<style>{style}</style><div class="sd-modes">{"".join(rows)}</div>' if rows else ""
 
 
-def _root_token(rec: RaceRecord, k: int) -> int | None:
-    """The newest committed token before spec step k (the tree hangs off it)."""
-    for ev in reversed(rec.runs["spec"].events[:k]):
+def _root_token(rec: RaceRecord, k: int, lane: str = "spec") -> int | None:
+    """The newest committed token before step k of `lane` (the tree hangs off it)."""
+    for ev in reversed(rec.runs[lane].events[:k]):
         if ev.tokens:
             return ev.tokens[-1]
     return rec.prompt_tail[-1] if rec.prompt_tail else None
 
 
-def tree_html(rec: RaceRecord, k: int) -> str:
-    """The proposed tree of step k: accepted path green, the drafts the target rejected red, its own token starred.
+TREE_LEGEND = ('<div class="sd-tree-legend"><span class="sd-node sd-n-root">root</span>'
+               '<span class="sd-node sd-n-acc">accepted</span><span class="sd-node sd-n-rej">rejected here</span>'
+               '<span class="sd-node sd-n-other">not reached</span><span class="sd-node sd-n-probe">probe</span>'
+               '<span class="sd-node sd-n-own">★ target\'s own</span>'
+               '<span class="sd-tree-note">a number in a box is the drafter\'s own estimate that the node gets '
+               'accepted · hover a node for its source</span></div>')
 
-    Runs of single children are drawn on one line, so a chain reads left to right and only branches indent.
-    """
-    ev = rec.runs["spec"].events[k]
-    tree, tt = ev.tree, rec.token_text
-    depths = tree.depths()
-    accepted = set(ev.accepted_nodes)
+
+def tree_html(rec: RaceRecord, k: int, lane: str = "spec") -> str:
+    """The verified tree of step k, drawn (tree_svg): accepted path green, the drafts the target rejected red, its
+    own token starred, probes dashed, each node's source and score in its tooltip."""
+    ev = rec.runs[lane].events[k]
     own = ev.tokens[-1] if ev.tokens and not ev.from_draft[-1] else None
-    stop_at = ev.accepted_nodes[-1] if ev.accepted_nodes else -1  # the node the acceptance walk ended on
-    OWN = "own"
-    children: dict[int, list] = {}
-    for i, p in enumerate(tree.parents):
-        children.setdefault(p, []).append(i)
-    if own is not None:  # first among its siblings: the target's choice, then the drafts it rejected
-        children.setdefault(stop_at, []).insert(0, OWN)
-
-    def label(tok: int | None) -> str:
-        return "" if tok is None else _esc(_visible(tt.get(tok, f"#{tok}")))
-
-    def chip(item) -> str:
-        if item == OWN:
-            return f'<span class="sd-node sd-n-own" title="the token the target chose here">★ {label(own)}</span>'
-        if item == -1:
-            return (f'<span class="sd-node sd-n-root" title="the newest committed token: the tree hangs off it">'
-                    f'{label(_root_token(rec, k))}</span>')
-        cls = ("sd-n-probe" if tree.is_probe(item) else "sd-n-acc" if item in accepted
-               else "sd-n-rej" if tree.parents[item] == stop_at and own is not None else "sd-n-other")
-        src = tree.sources[item] if tree.sources else "draft"
-        tip = f"node {item} · depth {depths[item]} · source: {src}" + (" · probe" if tree.is_probe(item) else "")
-        return f'<span class="sd-node {cls}" title="{_esc(tip)}">{label(tree.tokens[item])}</span>'
-
-    def branch(item) -> str:
-        line = [chip(item)]
-        kids = children.get(item, []) if item != OWN else []
-        while len(kids) == 1:
-            item = kids[0]
-            line.append(chip(item))
-            kids = children.get(item, []) if item != OWN else []
-        leaves = all(c == OWN or not children.get(c) for c in kids)  # a row of leaves wraps instead of stacking
-        sub = (f'<ul{" class=sd-leaves" if leaves else ""}>' + "".join(f"<li>{branch(c)}</li>" for c in kids)
-               + "</ul>" if kids else "")
-        return '<span class="sd-arrow">→</span>'.join(line) + sub
-
-    legend = ('<div class="sd-tree-legend"><span class="sd-node sd-n-root">root</span>'
-              '<span class="sd-node sd-n-acc">accepted</span><span class="sd-node sd-n-rej">rejected here</span>'
-              '<span class="sd-node sd-n-other">not reached</span><span class="sd-node sd-n-own">★ target\'s own'
-              '</span></div>')
-    return f'<div class="sd-tree">{legend}<ul><li>{branch(-1)}</li></ul></div>'
+    svg = tree_svg(ev.tree, ev.accepted_nodes, own, _root_token(rec, k, lane), rec.token_text)
+    return f'<div class="sd-tree">{TREE_LEGEND}<div class="sd-tree-scroll">{svg}</div></div>'
 
 
-def explain_step(rec: RaceRecord, k: int) -> str:
-    """Plain-language account of spec step k (markdown)."""
-    ev = rec.runs["spec"].events[k]
+def explain_step(rec: RaceRecord, k: int, lane: str = "spec") -> str:
+    """Plain-language account of step k of a speculative lane (markdown)."""
+    ev = rec.runs[lane].events[k]
+    label = LABELS.get(rec.lanes[lane], rec.lanes[lane])
     tt = rec.token_text
     q = lambda toks: "“" + "".join(tt.get(t, "") for t in toks).replace("\n", "↵") + "”"  # noqa: E731
     n, d, a = len(ev.tokens), ev.tree_size, ev.accepted
     own = ev.tokens[-1] if ev.tokens and not ev.from_draft[-1] else None
     first = " (this first step also includes reading the prompt)" if k == 0 else ""
     timing = f"Drafting took {1e3 * ev.draft_s:.0f} ms and the check {1e3 * ev.verify_s:.0f} ms{first}."
-    parts = [f"**Step {k + 1} of {len(rec.runs['spec'].events)}.**"]
+    parts = [f"**Step {k + 1} of {len(rec.runs[lane].events)}.**"]
     if d == 0:
-        parts.append(f"The {rec.label} drafter had no guess this time, so the target model ran one ordinary forward "
+        parts.append(f"The {label} drafter had no guess this time, so the target model ran one ordinary forward "
                      f"pass and wrote one token, {q(ev.tokens)} — exactly what plain decoding does.")
     else:
         leaves = sum(1 for i in range(d) if i not in set(ev.tree.parents))
         shape = "a chain" if leaves == 1 else f"a tree with {leaves} branches"
         srcs = sorted({s for s in (ev.tree.sources or []) if s})
-        parts.append(f"The {rec.label} drafter proposed {d} token{'s' if d > 1 else ''} as {shape}"
+        parts.append(f"The {label} drafter proposed {d} token{'s' if d > 1 else ''} as {shape}"
                      + (f" (from {', '.join(srcs)})" if srcs else "") + ". The target model checked all of them "
                      "in **one** forward pass.")
         if a:
@@ -240,24 +270,39 @@ def explain_step(rec: RaceRecord, k: int) -> str:
     return " ".join(parts)
 
 
-def step_text_html(rec: RaceRecord, k: int) -> str:
-    """The speculative text up to step k, step k's tokens outlined."""
+def step_text_html(rec: RaceRecord, k: int, lane: str = "spec") -> str:
+    """The lane's text up to step k, step k's tokens outlined."""
     out = []
-    for p in TextBuilder.groups_of([p for p in rec.pieces["spec"] if p.step <= k]):
+    for p in TextBuilder.groups_of([p for p in rec.pieces[lane] if p.step <= k]):
         if p.text:
             cls = (f"sd-acc sd-s{p.step % 2}" if p.from_draft else "sd-own") + (" sd-now" if p.step == k else "")
-            out.append(f'<span class="{cls}">{_esc(p.text)}</span>')
+            src = source_kind(p.source or "draft") if p.from_draft else "own"
+            out.append(f'<span class="{cls}" data-src="{src}">{_esc(p.text)}</span>')
     return f'<div class="sd-scroll sd-scroll-small"><div class="sd-text">{"".join(out)}</div></div>'
 
 
-def show_step(rec: RaceRecord | None, k: float | None) -> tuple[str, str, str]:
-    if rec is None or not rec.runs["spec"].events:
+def step_lane(rec: RaceRecord | None, lane: str | None = None) -> str | None:
+    """The speculative lane Step by step shows: `lane` (a lane key or its method) when the record has it, else
+    "spec" in a race of one method, else the fastest lane of a race all."""
+    if rec is None or not rec.spec_lanes:
+        return None
+    for key, method in rec.lanes.items():
+        if key != "ar" and lane in (key, method):
+            return key
+    if "spec" in rec.lanes:
+        return "spec"
+    return max(rec.spec_lanes, key=lambda key: rec.runs[key].tokens_per_s)
+
+
+def show_step(rec: RaceRecord | None, k: float | None, lane: str | None = None) -> tuple[str, str, str]:
+    key = step_lane(rec, lane)
+    if key is None or not rec.runs[key].events:
         empty = ('<div class="sd-muted">Run a race first: every verification step of the speculative run shows '
                  'here.</div>')
         return empty, "", ""
-    n = len(rec.runs["spec"].events)
+    n = len(rec.runs[key].events)
     k = min(max(int(k or 1), 1), n) - 1
-    return tree_html(rec, k), explain_step(rec, k), step_text_html(rec, k)
+    return tree_html(rec, k, key), explain_step(rec, k, key), step_text_html(rec, k, key)
 
 
 def bench_bars_html(speedups: dict[str, float]) -> str:

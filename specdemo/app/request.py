@@ -17,6 +17,7 @@ MAX_TEMPERATURE = 2.0
 MAX_TOP_K = 1000
 MAX_SEED = 2**63 - 1  # what torch.Generator.manual_seed takes, and what JSON clients hold exactly
 MAX_MODEL_CHARS = 256
+RACE_ALL = "all"  # the method name of a race of AR against every available method, each in its own lane
 
 
 class UserError(Exception):
@@ -30,7 +31,15 @@ class RaceRequest:
     model: str = EMBEDDED
     max_new_tokens: int = 128
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    options: dict = field(default_factory=dict)
+    options: dict = field(default_factory=dict)  # the method's options; race all: method -> its options
+    methods: tuple[str, ...] = ()  # race all (method "all"): the methods wanted beside AR, empty = every available
+
+    @property
+    def race_all(self) -> bool:
+        return self.method == RACE_ALL
+
+    def options_of(self, method: str) -> dict:
+        return self.options.get(method, {}) if self.race_all else self.options
 
 
 def _number(name: str, value, low: float, high: float, integer: bool, low_open: bool = False,
@@ -54,6 +63,34 @@ def _text(name: str, value, limit: int) -> str:
     if len(value) > limit:
         raise UserError(f"The {name.lower()} is {len(value):,} characters; this demo takes up to {limit:,}.")
     return value
+
+
+def race_all_request(prompt, model=EMBEDDED, max_new_tokens=128, temperature=0.0, top_p=1.0, top_k=0, seed=0,
+                     options=None, methods=None) -> RaceRequest:
+    """A checked race-all request: `options` maps a method to its options, `methods` (a list or a comma-separated
+    string; empty = every method available for the model) names the lanes beside AR."""
+    if methods in (None, ""):
+        methods = ()
+    elif isinstance(methods, str):
+        methods = [m for m in methods.replace(" ", "").split(",") if m]
+    if not isinstance(methods, (list, tuple)) or not all(isinstance(m, str) for m in methods):
+        raise UserError(f"methods must be a list of method names from: {', '.join(MODES)}; got {str(methods)[:60]!r}.")
+    methods = tuple(dict.fromkeys(m.lower() for m in methods))
+    if unknown := [m for m in methods if m not in MODES]:
+        raise UserError(f"Unknown method {unknown[0]!r}. Choose from: {', '.join(MODES)}.")
+    if options is None:
+        options = {}
+    if not isinstance(options, dict) or not all(isinstance(v, dict) for v in options.values()):
+        raise UserError('options must map a method to its options, e.g. {"rest": {"budget": 16}}; got '
+                        f"{str(options)[:60]!r}.")
+    if unknown := [m for m in options if m not in MODES]:
+        raise UserError(f"options name an unknown method {unknown[0]!r}. Choose from: {', '.join(MODES)}.")
+    checked = {m: race_request(prompt, m, model, max_new_tokens, temperature, top_p, top_k, seed, options.get(m))
+               for m in (methods or MODES)}
+    first = next(iter(checked.values()))
+    return RaceRequest(prompt=first.prompt, method=RACE_ALL, model=first.model, max_new_tokens=first.max_new_tokens,
+                       sampling=first.sampling, options={m: r.options for m, r in checked.items() if r.options},
+                       methods=methods)
 
 
 def race_request(prompt, method="pld", model=EMBEDDED, max_new_tokens=128, temperature=0.0, top_p=1.0, top_k=0,

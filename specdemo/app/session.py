@@ -23,6 +23,7 @@ from specdemo.app.request import (
     MODES,
     RaceRequest,
     UserError,
+    race_all_request,
     race_request,
 )
 from specdemo.bench import run_bench
@@ -44,6 +45,7 @@ from specdemo.target import (
     UnsupportedForTree,
     load_target,
 )
+from specdemo.tree import DepthTally
 
 DEFAULT_MODE_ORDER = tuple(m.name for m in sorted(REGISTRY, key=lambda m: m.default_rank))
 ZERO_GPU = bool(os.environ.get("SPACES_ZERO_GPU"))
@@ -142,16 +144,49 @@ class RaceRecord:
     queue_wait_s: float = 0.0  # seconds spent waiting for the races ahead of this one
     started: float | None = None  # perf_counter when decoding began; wall_s runs from here
     ended: float | None = None
-    runs: dict[str, Run] = field(default_factory=lambda: {"ar": Run("ar"), "spec": Run("spec")})
-    pieces: dict[str, list[Piece]] = field(default_factory=lambda: {"ar": [], "spec": []})
-    texts: dict[str, str] = field(default_factory=lambda: {"ar": "", "spec": ""})
+    # lane -> the method it runs: "ar" and "spec" in a race of one method; "ar" and one lane per method in race all
+    lanes: dict[str, str] = field(default_factory=dict)
+    runs: dict[str, Run] = field(default_factory=dict)
+    pieces: dict[str, list[Piece]] = field(default_factory=dict)
+    texts: dict[str, str] = field(default_factory=dict)
     token_text: dict[int, str] = field(default_factory=dict)  # id -> text, for tree nodes and roots
     prompt_tail: list[int] = field(default_factory=list)  # the prompt's last token (the first step's root)
-    summary: Summary | None = None
+    summaries: dict[str, Summary] = field(default_factory=dict)  # per speculative lane, against the AR lane
+    skipped: dict[str, str] = field(default_factory=dict)  # race all: methods unavailable here, with the reason
+
+    def __post_init__(self) -> None:
+        if not self.lanes:
+            self.set_lanes(() if self.request.race_all else (self.request.method,))
+
+    def set_lanes(self, methods: tuple[str, ...] | list[str]) -> None:
+        """AR plus `methods`: one method races in lane "spec", several (race all) in lanes named after them."""
+        if self.request.race_all:
+            self.lanes = {"ar": "ar", **{m: m for m in methods}}
+        else:
+            self.lanes = {"ar": "ar", "spec": methods[0]}
+        self.runs = {k: Run(k) for k in self.lanes}
+        self.pieces = {k: [] for k in self.lanes}
+        self.texts = {k: "" for k in self.lanes}
+
+    @property
+    def spec_lanes(self) -> list[str]:
+        return [k for k in self.lanes if k != "ar"]
+
+    @property
+    def summary(self) -> Summary | None:
+        """The single race's readout (its "spec" lane against AR)."""
+        return self.summaries.get("spec")
+
+    @summary.setter
+    def summary(self, value: Summary | None) -> None:
+        if value is None:
+            self.summaries.pop("spec", None)
+        else:
+            self.summaries["spec"] = value
 
     @property
     def label(self) -> str:
-        return LABELS.get(self.request.method, self.request.method)
+        return "Race all" if self.request.race_all else LABELS.get(self.request.method, self.request.method)
 
     @property
     def wall_s(self) -> float:
@@ -164,7 +199,7 @@ class RaceRecord:
     def other_s(self) -> float:
         """Wall time that went to neither run's compute: whoever consumes the stream (the page's rendering and
         sending) and the race's bookkeeping.  Near zero through `/race`; what the page costs in the page."""
-        return max(0.0, self.wall_s - self.runs["ar"].compute_s - self.runs["spec"].compute_s)
+        return max(0.0, self.wall_s - sum(run.compute_s for run in self.runs.values()))
 
     @property
     def active(self) -> bool:
@@ -178,7 +213,7 @@ def prepare(req: RaceRequest) -> tuple[Target, list[int], GenerationConfig]:
         target = load_model(req.model)
     except ModelLoadError as exc:
         raise UserError(str(exc)) from exc
-    reason = unavailable_reason(req.method, target)
+    reason = None if req.race_all else unavailable_reason(req.method, target)
     if reason:
         raise UserError(f"{LABELS.get(req.method, req.method)} is unavailable for {target.name}: {reason}")
     ids = target.encode_prompt(req.prompt)
@@ -190,14 +225,27 @@ def prepare(req: RaceRequest) -> tuple[Target, list[int], GenerationConfig]:
     return target, ids, cfg
 
 
-def _race_events(req: RaceRequest) -> Iterator[tuple[str, StepEvent]]:
-    """The model work: AR and the chosen method interleaved by `Race`.  Runs on the GPU worker under ZeroGPU."""
+def race_lanes(req: RaceRequest, target: Target) -> tuple[list[str], dict[str, str]]:
+    """The methods a request races beside AR on `target`, and those it skips with the reason (race all only: a race
+    of one method that cannot run is refused in `prepare`)."""
+    if not req.race_all:
+        return [req.method], {}
+    wanted = req.methods or MODES
+    skipped = {m: reason for m in wanted if (reason := unavailable_reason(m, target))}
+    return [m for m in wanted if m not in skipped], skipped
+
+
+def _race_events(req: RaceRequest, lanes: dict[str, str]) -> Iterator[tuple[str, StepEvent]]:
+    """The model work: every lane's run interleaved by `Race`.  Runs on the GPU worker under ZeroGPU."""
     target, ids, cfg = prepare(req)
-    try:
-        drafter = make_drafter(req.method, target, **req.options)
-    except TypeError as exc:
-        raise UserError(f"{LABELS.get(req.method, req.method)} does not take these settings: {exc}") from exc
-    yield from Race({"ar": generate(target, ids, None, cfg), "spec": generate(target, ids, drafter, cfg)})
+    runs = {}
+    for key, method in lanes.items():
+        try:
+            drafter = None if method == "ar" else make_drafter(method, target, **req.options_of(method))
+        except TypeError as exc:
+            raise UserError(f"{LABELS.get(method, method)} does not take these settings: {exc}") from exc
+        runs[key] = generate(target, ids, drafter, cfg)
+    yield from Race(runs)
 
 
 race_events = _gpu(_race_events)
@@ -241,22 +289,28 @@ def run_race(req: RaceRequest, stop: threading.Event | None = None) -> Iterator[
                 return
         rec.status, rec.message, rec.queue_wait_s = "starting", None, round(ticket.waited, 3)
         target, ids, _ = prepare(req)
+        methods, rec.skipped = race_lanes(req, target)
+        if not methods:
+            raise UserError(f"No method is available for {target.name}: "
+                            + "; ".join(f"{LABELS.get(m, m)}: {why}" for m, why in rec.skipped.items()))
+        rec.set_lanes(methods)
         rec.model, rec.device, rec.dtype = target.name, target.device.type, str(target.dtype).replace("torch.", "")
         rec.prompt_tail = ids[-1:]
-        builders = {"ar": TextBuilder(target.decode), "spec": TextBuilder(target.decode)}
+        builders = {k: TextBuilder(target.decode) for k in rec.lanes}
         rec.pieces = {k: b.pieces for k, b in builders.items()}
         yield rec
         rec.status, rec.started = "running", time.perf_counter()
-        events = race_events(req)
+        events = race_events(req, rec.lanes)
         for name, ev in events:
-            rec.runs[name].add(ev)
             builders[name].add(ev.tokens, ev.step, ev.from_draft, ev.sources)
             rec.texts[name] = builders[name].text
-            if name == "spec":
+            if name != "ar":
                 for tok in ev.tree.tokens + ev.tokens + rec.prompt_tail:
                     if tok not in rec.token_text:
                         rec.token_text[tok] = target.tokenizer.decode([tok])
-            rec.summary = summarize(rec.runs["ar"], rec.runs["spec"])
+            rec.runs[name].add(ev)
+            for key in rec.spec_lanes if name == "ar" else [name]:
+                rec.summaries[key] = summarize(rec.runs["ar"], rec.runs[key])
             yield rec
             if stop is not None and stop.is_set():
                 rec.status, rec.message = "stopped", "Stopped: the numbers below cover the steps run so far."
@@ -277,8 +331,9 @@ def run_race(req: RaceRequest, stop: threading.Event | None = None) -> Iterator[
 
 def throttled(records: Iterator[RaceRecord], every: float) -> Iterator[RaceRecord]:
     """The records a watcher needs: every status change, at most one per `every` seconds of racing in between (the
-    watcher's own time between two records does not count), and always the last (which carries the whole run).  What is skipped costs nothing: the race goes on, and a watcher's work
-    (rendering, sending, drawing) would share the cores with the decoding it watches."""
+    watcher's own time between two records does not count), and always the last (which carries the whole run).
+    What is skipped costs nothing: the race goes on, and a watcher's work (rendering, sending, drawing) would share
+    the cores with the decoding it watches."""
     last_sent, last_status = 0.0, None
     try:
         for rec in records:
@@ -293,32 +348,51 @@ def throttled(records: Iterator[RaceRecord], every: float) -> Iterator[RaceRecor
             records.close()
 
 
-def record_json(rec: RaceRecord) -> dict:
-    """The run in Spec-Bench's fields (new_tokens, wall_time, accept_lengths) plus method, model and settings.
+def _summary_json(s: Summary | None) -> dict | None:
+    if s is None:
+        return None
+    return {"speedup": s.speedup, "tau": s.tau, "forwards": s.forwards, "baseline_forwards": s.baseline_forwards,
+            "forwards_saved": s.forwards_saved, "identical": s.identical, "complete": s.complete,
+            "first_difference": s.first_difference}
 
-    wall_time is each run's own compute time (the race interleaves the two runs, so shared wall time means nothing).
+
+def record_json(rec: RaceRecord) -> dict:
+    """The race in Spec-Bench's fields (new_tokens, wall_time, accept_lengths) per run, plus method, model and
+    settings; a race-all record also has `board`: each method's summary against AR, and `skipped`.
+
+    wall_time is each run's own compute time (the race interleaves the runs, so shared wall time means nothing).
     """
     req = rec.request
     runs = {}
     for key, run in rec.runs.items():
-        method = "ar" if key == "ar" else req.method
+        method = rec.lanes[key]
         runs[method] = {
             "method": method, "new_tokens": run.n_tokens, "wall_time": run.compute_s,
             "accept_lengths": run.accept_lengths, "decoding_steps": run.forwards, "tokens_per_s": run.tokens_per_s,
             "tau": run.tau, "draft_s": [e.draft_s for e in run.events], "verify_s": [e.verify_s for e in run.events],
             "finish_reason": run.finish_reason, "tokens": run.tokens, "text": rec.texts[key],
+            "acceptance_by_depth": acceptance_by_depth(run),
         }
-    s = rec.summary
-    return {
+    out = {
         "specdemo": __version__, "model": rec.model, "device": rec.device, "dtype": rec.dtype,
         "method": req.method, "status": rec.status, "prompt": req.prompt,
         "settings": {"max_new_tokens": req.max_new_tokens, **asdict(req.sampling), "options": req.options},
         "runs": runs,
-        "summary": None if s is None else {"speedup": s.speedup, "tau": s.tau, "forwards": s.forwards,
-                                           "baseline_forwards": s.baseline_forwards,
-                                           "forwards_saved": s.forwards_saved, "identical": s.identical,
-                                           "complete": s.complete, "first_difference": s.first_difference},
     }
+    if req.race_all:
+        out["board"] = {rec.lanes[k]: _summary_json(rec.summaries.get(k)) for k in rec.spec_lanes}
+        out["skipped"] = dict(rec.skipped)
+    else:
+        out["summary"] = _summary_json(rec.summary)
+    return out
+
+
+def acceptance_by_depth(run: Run, depth: int = 8) -> list[float]:
+    """Share of the run's steps that accepted at least d drafted tokens, d = 1..depth (AR: all zero)."""
+    tally = DepthTally(depth)
+    for e in run.events:
+        tally.add(max(e.tree.depths(), default=0), e.accepted)
+    return [round(x, 4) for x in tally.share()]
 
 
 def race_api(prompt: str, method: str = "pld", model: str = EMBEDDED, max_new_tokens: int = 64,
@@ -363,6 +437,44 @@ def api_view(rec: RaceRecord) -> dict:
            "queue_wait_s": rec.queue_wait_s, **panes, "summary": record["summary"]}
     out["spec"]["spans"] = [{"text": p.text, "step": p.step + 1, "accepted_draft": p.from_draft, "source": p.source}
                             for p in TextBuilder.groups_of(rec.pieces["spec"]) if p.text]
+    if not rec.active:
+        out["run"] = record
+    return out
+
+
+def race_all_api(prompt: str, model: str = EMBEDDED, max_new_tokens: int = 64, temperature: float = 0.0,
+                 top_p: float = 1.0, top_k: int = 0, seed: int = 0, options: dict | None = None,
+                 methods: list[str] | None = None) -> dict:
+    """Race plain decoding against every method available for the model (or those in `methods`), each in its own
+    lane; streams a dict after every step, the last one final.  `options` maps a method to its options.  Errors come
+    back as one dict with status "error" and a message.
+
+    Keys: status, message, model, queue_wait_s, skipped ({method: why it cannot run here}), lanes ({"ar" or method:
+    text, new_tokens, wall_time, tokens_per_s, decoding_steps, accept_lengths, tau, done, acceptance_by_depth; the
+    methods also speedup and identical}) and, in the final dict, run (the exported JSON, with `board`)."""
+    try:
+        req = race_all_request(prompt, model, max_new_tokens, temperature, top_p, top_k, seed, options, methods)
+    except UserError as exc:
+        yield {"status": "error", "message": str(exc), "model": str(model)[:MAX_MODEL_CHARS], "queue_wait_s": 0.0,
+               "skipped": {}, "lanes": {}}
+        return
+    for rec in throttled(run_race(req), STREAM_EVERY):
+        yield lanes_view(rec)
+
+
+def lanes_view(rec: RaceRecord) -> dict:
+    """What `/race_all` streams: each lane's live fields (the export's names) and its result against AR."""
+    record = record_json(rec)
+    lanes = {}
+    for key, method in rec.lanes.items():
+        lane = {k: record["runs"][method][k] for k in (*LIVE_FIELDS, "acceptance_by_depth")}
+        lane["done"] = rec.runs[key].done
+        if key != "ar":
+            s = rec.summaries.get(key)
+            lane["speedup"], lane["identical"] = (s.speedup, s.identical) if s else (None, True)
+        lanes[method] = lane
+    out = {"status": rec.status, "message": rec.message, "model": rec.model, "queue_wait_s": rec.queue_wait_s,
+           "skipped": dict(rec.skipped), "lanes": lanes}
     if not rec.active:
         out["run"] = record
     return out
