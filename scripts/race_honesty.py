@@ -20,7 +20,9 @@ import argparse
 import json
 import statistics
 import sys
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -50,20 +52,42 @@ def by_api(url: str, prompt: str, method: str, tokens: int) -> dict:
     return {"ar_tps": final["ar"]["tokens_per_s"], "speedup": final["summary"]["speedup"]}
 
 
-def by_page(page, example: str, method_label: str, tokens: int) -> dict:
+@contextmanager
+def watched_app() -> Iterator[tuple[str, object]]:
+    """A launched app and a headless Chromium page open on it, the model loaded: (url, page)."""
+    from playwright.sync_api import sync_playwright
+
+    with app_process() as (url, _), sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(url)
+        page.wait_for_selector(".sd-chip:not(.sd-chip-bad)", timeout=300_000)
+        try:
+            yield url, page
+        finally:
+            browser.close()
+
+
+def _race_in_page(page, example: str, tokens: int, button: str, done_selector: str):
+    """Pick the example, set max new tokens, press `button`, wait for the end: (the done summary, its page clock)."""
     page.get_by_role("button", name=example, exact=True).click()
-    page.locator("#sd-mode label", has_text=method_label).click()
     page.locator("#sd-settings .label-wrap").first.click()
     box = page.get_by_label("number input for Max new tokens")
     box.fill(str(tokens))
     box.press("Enter")
     page.locator("#sd-settings .label-wrap").first.click()
-    page.locator("#sd-generate").click()
+    page.locator(button).click()
     page.wait_for_selector('#sd-summary [data-status="running"]', timeout=300_000)
-    done = page.wait_for_selector('#sd-summary [data-status="done"]', timeout=900_000)
+    done = page.wait_for_selector(done_selector, timeout=900_000)
+    clock = {k: float(done.get_attribute(f"data-{k.replace('_', '-')}")) for k in ("page_s", "wall_s", "drawn")}
+    return done, clock
+
+
+def by_page(page, example: str, method_label: str, tokens: int) -> dict:
+    page.locator("#sd-mode label", has_text=method_label).click()
+    done, clock = _race_in_page(page, example, tokens, "#sd-generate", '#sd-summary [data-status="done"]')
     out = {"ar_tps": float(done.get_attribute("data-ar-tps")), "speedup": float(done.get_attribute("data-speedup")),
-           "page_s": float(done.get_attribute("data-page-s")), "wall_s": float(done.get_attribute("data-wall-s")),
-           "drawn": float(done.get_attribute("data-drawn"))}
+           **clock}
     page.wait_for_timeout(1000)  # the last plots draw before the next race starts
     return out
 
@@ -84,20 +108,10 @@ def all_by_api(url: str, prompt: str, methods: list[str], tokens: int) -> dict:
 
 
 def all_by_page(page, example: str, methods: list[str], tokens: int) -> dict:
-    page.get_by_role("button", name=example, exact=True).click()
-    page.locator("#sd-settings .label-wrap").first.click()
-    box = page.get_by_label("number input for Max new tokens")
-    box.fill(str(tokens))
-    box.press("Enter")
-    page.locator("#sd-settings .label-wrap").first.click()
-    page.locator("#sd-race-all").click()
-    page.wait_for_selector('#sd-summary [data-status="running"]', timeout=300_000)
-    done = page.wait_for_selector('#sd-summary [data-status="done"][data-lanes]', timeout=900_000)
+    _, clock = _race_in_page(page, example, tokens, "#sd-race-all", '#sd-summary [data-status="done"][data-lanes]')
     rows = {r.get_attribute("data-lane"): r for r in page.query_selector_all("#sd-lanes table.sd-board tbody tr")}
     out = {"ar_tps": float(rows["ar"].get_attribute("data-tps")),
-           **{m: float(rows[m].get_attribute("data-speedup")) for m in methods},
-           "page_s": float(done.get_attribute("data-page-s")), "wall_s": float(done.get_attribute("data-wall-s")),
-           "drawn": float(done.get_attribute("data-drawn"))}
+           **{m: float(rows[m].get_attribute("data-speedup")) for m in methods}, **clock}
     page.wait_for_timeout(1000)
     return out
 
@@ -105,28 +119,20 @@ def all_by_page(page, example: str, methods: list[str], tokens: int) -> dict:
 def main_race_all(args, target, prompt: str, methods: list[str]) -> int:
     runs: dict[str, list[dict]] = {w: [] for w in ("bench", "api", "page")}
     keys = ["ar_tps", *methods]
-    with app_process() as (url, _):
-        from playwright.sync_api import sync_playwright
-
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(url)
-            page.wait_for_selector(".sd-chip:not(.sd-chip-bad)", timeout=300_000)
-            all_by_bench(target, prompt, ["ar", *methods], 16)
-            all_by_api(url, prompt, methods, 16)
-            for rep in range(args.repeats):
-                for way in ("bench", "api", "page"):
-                    if way == "bench":
-                        r = all_by_bench(target, prompt, ["ar", *methods], args.max_new_tokens)
-                    elif way == "api":
-                        r = all_by_api(url, prompt, methods, args.max_new_tokens)
-                    else:
-                        r = all_by_page(page, args.example, methods, args.max_new_tokens)
-                    runs[way].append(r)
-                    print(f"{rep + 1}/{args.repeats} {way:<5} all", {k: round(v, 3) for k, v in r.items()},
-                          flush=True)
-            browser.close()
+    with watched_app() as (url, page):
+        all_by_bench(target, prompt, ["ar", *methods], 16)
+        all_by_api(url, prompt, methods, 16)
+        for rep in range(args.repeats):
+            for way in ("bench", "api", "page"):
+                if way == "bench":
+                    r = all_by_bench(target, prompt, ["ar", *methods], args.max_new_tokens)
+                elif way == "api":
+                    r = all_by_api(url, prompt, methods, args.max_new_tokens)
+                else:
+                    r = all_by_page(page, args.example, methods, args.max_new_tokens)
+                runs[way].append(r)
+                print(f"{rep + 1}/{args.repeats} {way:<5} all", {k: round(v, 3) for k, v in r.items()},
+                      flush=True)
     med = {w: {k: statistics.median(r[k] for r in runs[w]) for k in keys} for w in runs}
     summary = {w: {k: round(v, 3) for k, v in med[w].items()} for w in med}
     for w in ("api", "page"):
@@ -158,31 +164,23 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(args.threads)
     target = load_target("embedded")
-    with app_process() as (url, _):
-        from playwright.sync_api import sync_playwright
-
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(url)
-            page.wait_for_selector(".sd-chip:not(.sd-chip-bad)", timeout=300_000)
-            for m in methods:  # warm-up: each way's model, the drafter's artifacts, kernels
-                by_bench(target, prompt, m, 16)
-                by_api(url, prompt, m, 16)
-            # round robin: the machine's speed drifts by more than 10% over minutes, and each way gets the same share
-            for rep in range(args.repeats):
-                for m in methods:
-                    for way in ("bench", "api", "page"):
-                        if way == "bench":
-                            r = by_bench(target, prompt, m, args.max_new_tokens)
-                        elif way == "api":
-                            r = by_api(url, prompt, m, args.max_new_tokens)
-                        else:
-                            r = by_page(page, args.example, labels[m], args.max_new_tokens)
-                        runs[way][m].append(r)
-                        print(f"{rep + 1}/{args.repeats} {way:<5} {m}", {k: round(v, 3) for k, v in r.items()},
-                              flush=True)
-            browser.close()
+    with watched_app() as (url, page):
+        for m in methods:  # warm-up: each way's model, the drafter's artifacts, kernels
+            by_bench(target, prompt, m, 16)
+            by_api(url, prompt, m, 16)
+        # round robin: the machine's speed drifts by more than 10% over minutes, and each way gets the same share
+        for rep in range(args.repeats):
+            for m in methods:
+                for way in ("bench", "api", "page"):
+                    if way == "bench":
+                        r = by_bench(target, prompt, m, args.max_new_tokens)
+                    elif way == "api":
+                        r = by_api(url, prompt, m, args.max_new_tokens)
+                    else:
+                        r = by_page(page, args.example, labels[m], args.max_new_tokens)
+                    runs[way][m].append(r)
+                    print(f"{rep + 1}/{args.repeats} {way:<5} {m}", {k: round(v, 3) for k, v in r.items()},
+                          flush=True)
 
     summary = {}
     for m in methods:
