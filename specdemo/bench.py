@@ -116,7 +116,7 @@ def summarise(target: Target, methods: list[str], runs: dict[str, list[dict]], m
             **{k: v for k, v in _figures(rs, ar, ar_tps).items() if k != "prompts"},
             "draft_ms": 1e3 * statistics.median(draft) if draft else None,
             "verify_ms": 1e3 * statistics.median(verify) if verify else None,
-            "acceptance_by_depth": _acceptance_by_depth([a for r in rs for a in r["accept_lengths"]]),
+            "acceptance_by_depth": acceptance_by_depth([a for r in rs for a in r["accept_lengths"]]),
             "per_prompt": [{"id": r["id"], "group": r.get("group"), "new_tokens": len(r["tokens"]),
                             "wall_time": r["wall_time"], "accept_lengths": r["accept_lengths"], "identical": s,
                             "tokens": r["tokens"]}
@@ -139,7 +139,7 @@ def _figures(rs: list[dict], ar_tokens: dict, ar_tps: float) -> dict:
             "prompts": len(rs)}
 
 
-def _acceptance_by_depth(accept_lengths: list[int], depth: int = 8) -> list[float]:
+def acceptance_by_depth(accept_lengths: list[int], depth: int = 8) -> list[float]:
     """Share of steps that accepted >= d draft tokens, d = 1..depth (a step's accept length counts its own token)."""
     tally = DepthTally(depth)
     for a in accept_lengths:

@@ -48,6 +48,7 @@ from specdemo.app.session import (
     bench_on_device,
     explain_error,
     load_model,
+    model_name,
     race_all_api,
     race_api,
     record_json,
@@ -181,7 +182,7 @@ _USER_STORES: dict[str, tuple[str, str]] = {}
 
 def _with_user_store(options: dict[str, dict], model: str | None, request: gr.Request | None) -> dict[str, dict]:
     store = _USER_STORES.get(_session(request))
-    if store and "rest" in options and store[0] == ((model or EMBEDDED).strip() or EMBEDDED):
+    if store and "rest" in options and store[0] == model_name(model):
         options["rest"] = {**options["rest"], "datastore": store[1]}
     return options
 
@@ -194,7 +195,7 @@ def on_build_store(model: str, files: list[str] | None, folder: str | None, requ
     inputs = list(files or []) + ([folder.strip()] if folder and folder.strip() else [])
     if not inputs:
         return message_html("Upload files or archives, or name a folder on this machine, then press Build.", "error")
-    name = (model or EMBEDDED).strip() or EMBEDDED
+    name = model_name(model)
     try:
         with GATE.turn():  # tokenising and sorting compete with a running race for the cores
             target = load_model(name)
@@ -247,7 +248,6 @@ def _stream(req: RaceRequest, request: gr.Request | None):
             if final and rec.status == "error":
                 gr.Warning(rec.message)
             lane = step_lane(rec)
-            n = len(rec.runs[lane].events) if lane else 0
             token = DRAWN.expect() if wait_for_page and not final else None
             every = req.race_all
             out = dict(
@@ -257,9 +257,9 @@ def _stream(req: RaceRequest, request: gr.Request | None):
                 message=(message_html(rec.message, "error" if rec.status == "error" else "info")
                          if final or rec.message else ""),
                 record_state=rec if final else skip,
-                step=gr.Slider(minimum=1, maximum=max(n, 2), value=1, step=1, interactive=n > 1) if final else skip,
+                step=_step_slider(rec, lane) if final else skip,
                 export_btn=(gr.DownloadButton(value=_write_json(record_json(rec), "specdemo-run-"), interactive=True)
-                            if final and n else skip),
+                            if final and lane and rec.runs[lane].events else skip),
                 pair=gr.Row(visible=not every) if first else skip,
                 lanes=gr.HTML(lanes_html(rec), visible=every) if every or first else skip,
                 step_lane=(gr.Dropdown(choices=[(LABELS.get(rec.lanes[k], k), k) for k in rec.spec_lanes],
@@ -283,11 +283,16 @@ def _stream(req: RaceRequest, request: gr.Request | None):
 COLOUR_JS = '(v) => { document.body.classList.toggle("sd-by-source", v === "by source"); return v; }'
 
 
-def _on_step_lane(rec: RaceRecord | None, lane: str | None) -> tuple:
-    """Step by step switched to another lane of a race all: its first step, the slider sized to its steps."""
+def _step_slider(rec: RaceRecord | None, lane: str | None) -> gr.Slider:
+    """Step by step's slider at step 1, sized to the steps of `lane` (as step_lane resolves it)."""
     key = step_lane(rec, lane)
     n = len(rec.runs[key].events) if key else 0
-    return (gr.Slider(minimum=1, maximum=max(n, 2), value=1, step=1, interactive=n > 1), *show_step(rec, 1, lane))
+    return gr.Slider(minimum=1, maximum=max(n, 2), value=1, step=1, interactive=n > 1)
+
+
+def _on_step_lane(rec: RaceRecord | None, lane: str | None) -> tuple:
+    """Step by step switched to another lane of a race all: its first step, the slider sized to its steps."""
+    return (_step_slider(rec, lane), *show_step(rec, 1, lane))
 
 
 def _next_step(k: float, rec: RaceRecord | None, lane: str | None) -> int:

@@ -8,7 +8,8 @@ import pandas as pd
 
 from specdemo.app.race import Run
 from specdemo.app.request import RaceRequest
-from specdemo.app.session import RaceRecord, acceptance_by_depth
+from specdemo.app.session import RaceRecord
+from specdemo.bench import acceptance_by_depth
 from specdemo.drafters import LABELS
 
 DEPTHS = 8  # depths the acceptance plot shows
@@ -41,8 +42,8 @@ def plots(rec: RaceRecord | None, lane: str | None = None) -> tuple[pd.DataFrame
     hist = [{"tokens per step": str(k), "steps": lengths[k]} for k in sorted(lengths)]
     times = [{"step": str(e.step + 1), "ms": 1e3 * v, "phase": phase} for e in one.events
              for phase, v in (("draft", e.draft_s), ("verify", e.verify_s))]
-    depth = [{"accepted drafts ≥": str(d + 1), "share of steps": x, "run": series(rec, key)}
-             for key in rec.spec_lanes for d, x in enumerate(acceptance_by_depth(rec.runs[key], DEPTHS))]
+    depth = [{"accepted drafts ≥": str(d + 1), "share of steps": x, "run": series(rec, key)} for key in rec.spec_lanes
+             for d, x in enumerate(acceptance_by_depth(rec.runs[key].accept_lengths, DEPTHS))]
     return (_frame(curve, {"run": str, "compute (s)": float, "tokens": int}),
             _frame(hist, {"tokens per step": str, "steps": int}),
             _frame(times, {"step": str, "ms": float, "phase": str}),

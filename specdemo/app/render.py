@@ -87,7 +87,7 @@ def summary_html(rec: RaceRecord | None, update: str | None = None, drawn: int =
         return _board_summary_html(rec, ack, drawn)
     s = rec.summary
     final = not rec.active
-    note = "final" if rec.status == "done" else ("so far" if rec.active else rec.status)
+    note = _progress_word(rec)
     speed = "–" if s.speedup is None else f"{s.speedup:.2f}×"
     ident_cls = "sd-ok" if s.identical else "sd-bad"
     if s.identical:
@@ -100,14 +100,23 @@ def summary_html(rec: RaceRecord | None, update: str | None = None, drawn: int =
         ("Forwards saved", f"{s.forwards_saved}", f"{s.baseline_forwards} → {s.forwards} target forwards", ""),
         ("Outputs", ident, "token lists compared", ident_cls),
     ]
-    inner = "".join(f'<div class="sd-card {cls}"><div class="sd-card-label">{k}</div><div class="sd-card-value">{v}'
-                    f'</div><div class="sd-card-note">{n}</div></div>' for k, v, n, cls in cards)
+    inner = _cards_html(cards)
     wall, other = rec.wall_s, rec.other_s
     clock = _clock_html(rec)
     data = (f'data-status="{rec.status}" data-speedup="{s.speedup or 0:.4f}" '
             f'data-ar-tps="{rec.runs["ar"].tokens_per_s:.4f}" data-wall-s="{wall:.3f}" data-page-s="{other:.3f}" '
             f'data-drawn="{drawn}"{ack}')
     return f'<div class="sd-summary" {data}>{inner}{clock}</div>'
+
+
+def _progress_word(rec: RaceRecord) -> str:
+    return "final" if rec.status == "done" else ("so far" if rec.active else rec.status)
+
+
+def _cards_html(cards: list[tuple[str, str, str, str]]) -> str:
+    """Summary cards from (label, value, note, extra class)."""
+    return "".join(f'<div class="sd-card {cls}"><div class="sd-card-label">{k}</div><div class="sd-card-value">{v}'
+                   f'</div><div class="sd-card-note">{n}</div></div>' for k, v, n, cls in cards)
 
 
 def _clock_html(rec: RaceRecord) -> str:
@@ -118,7 +127,7 @@ def _clock_html(rec: RaceRecord) -> str:
 
 def _board_summary_html(rec: RaceRecord, ack: str, drawn: int) -> str:
     """A race all's summary cards: the fastest lane, the lanes still racing, and whether every output matches AR."""
-    note = "final" if rec.status == "done" else ("so far" if rec.active else rec.status)
+    note = _progress_word(rec)
     best = max(rec.spec_lanes, key=lambda k: rec.runs[k].tokens_per_s)
     s = rec.summaries[best]
     identical = all(x.identical for x in rec.summaries.values())
@@ -131,8 +140,7 @@ def _board_summary_html(rec: RaceRecord, ack: str, drawn: int) -> str:
         ("Outputs", "✓ all identical" if identical else "✗ some differ", "every lane vs autoregressive",
          "sd-ok" if identical else "sd-bad"),
     ]
-    inner = "".join(f'<div class="sd-card {cls}"><div class="sd-card-label">{k}</div><div class="sd-card-value">{v}'
-                    f'</div><div class="sd-card-note">{n}</div></div>' for k, v, n, cls in cards)
+    inner = _cards_html(cards)
     data = (f'data-status="{rec.status}" data-lanes="{len(rec.lanes)}" data-identical="{int(identical)}" '
             f'data-wall-s="{rec.wall_s:.3f}" data-page-s="{rec.other_s:.3f}" data-drawn="{drawn}"{ack}')
     return f'<div class="sd-summary" {data}>{inner}{_clock_html(rec)}</div>'
@@ -150,9 +158,10 @@ def lanes_html(rec: RaceRecord | None) -> str:
         pct = 100 * draft / run.compute_s if run.compute_s else None
         share = "–" if pct is None else f"{pct:.0f}% / {100 - pct:.0f}%"
         same = "–" if s is None else ("✓" if s.identical else f"✗ at {s.first_difference}")
-        speed = "1.00×" if key == "ar" else ("–" if s is None or s.speedup is None else f"{s.speedup:.2f}×")
+        speedup = 1.0 if key == "ar" else s.speedup if s else None
+        speed = "–" if speedup is None else f"{speedup:.2f}×"
         rows.append(f'<tr data-lane="{rec.lanes[key]}" data-tps="{run.tokens_per_s:.4f}" '
-                    f'data-speedup="{1.0 if key == "ar" else (s.speedup or 0) if s else 0:.4f}"><td>{place}</td><td>{_esc(_lane_title(rec, key))}</td>'
+                    f'data-speedup="{speedup or 0:.4f}"><td>{place}</td><td>{_esc(_lane_title(rec, key))}</td>'
                     f'<td>{run.tokens_per_s:.1f}</td><td><b>{speed}</b></td><td>{run.tau:.2f}</td><td>{same}</td>'
                     f'<td>{share}</td><td>{run.forwards}</td><td>{"done" if run.done else "racing…"}</td></tr>')
     board = ('<table class="sd-board"><thead><tr><th>#</th><th>run</th><th>tok/s</th><th>speedup</th><th>τ</th>'

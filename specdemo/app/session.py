@@ -26,7 +26,7 @@ from specdemo.app.request import (
     race_all_request,
     race_request,
 )
-from specdemo.bench import run_bench
+from specdemo.bench import acceptance_by_depth, run_bench
 from specdemo.budget import measure_cost_curves
 from specdemo.drafters import (
     LABELS,
@@ -45,7 +45,6 @@ from specdemo.target import (
     UnsupportedForTree,
     load_target,
 )
-from specdemo.tree import DepthTally
 
 DEFAULT_MODE_ORDER = tuple(m.name for m in sorted(REGISTRY, key=lambda m: m.default_rank))
 ZERO_GPU = bool(os.environ.get("SPACES_ZERO_GPU"))
@@ -60,6 +59,11 @@ def _gpu(fn: Callable, duration: int = 120) -> Callable:
     return spaces.GPU(duration=duration)(fn)
 
 
+def model_name(name: str | None) -> str:
+    """A model field as the cache keys it: stripped, empty meaning the embedded model."""
+    return (name or EMBEDDED).strip() or EMBEDDED
+
+
 class ModelCache:
     """Loaded targets by name, the most recent few kept (loading is the slow part; memory is the limit)."""
 
@@ -70,10 +74,10 @@ class ModelCache:
 
     def __contains__(self, name: str) -> bool:
         with self._lock:
-            return ((name or EMBEDDED).strip() or EMBEDDED) in self._targets
+            return model_name(name) in self._targets
 
     def get(self, name: str) -> Target:
-        name = (name or EMBEDDED).strip() or EMBEDDED
+        name = model_name(name)
         with self._lock:
             if name in self._targets:
                 self._targets.move_to_end(name)
@@ -109,7 +113,7 @@ MODELS = ModelCache()
 def load_model(name: str) -> Target:
     """The model `name`, from the cache or loaded; the public mode's rules are checked before anything is fetched."""
     if name not in MODELS:
-        check_model((name or EMBEDDED).strip() or EMBEDDED)
+        check_model(model_name(name))
     return MODELS.get(name)
 
 
@@ -183,10 +187,6 @@ class RaceRecord:
             self.summaries.pop("spec", None)
         else:
             self.summaries["spec"] = value
-
-    @property
-    def label(self) -> str:
-        return "Race all" if self.request.race_all else LABELS.get(self.request.method, self.request.method)
 
     @property
     def wall_s(self) -> float:
@@ -371,7 +371,7 @@ def record_json(rec: RaceRecord) -> dict:
             "accept_lengths": run.accept_lengths, "decoding_steps": run.forwards, "tokens_per_s": run.tokens_per_s,
             "tau": run.tau, "draft_s": [e.draft_s for e in run.events], "verify_s": [e.verify_s for e in run.events],
             "finish_reason": run.finish_reason, "tokens": run.tokens, "text": rec.texts[key],
-            "acceptance_by_depth": acceptance_by_depth(run),
+            "acceptance_by_depth": acceptance_by_depth(run.accept_lengths),
         }
     out = {
         "specdemo": __version__, "model": rec.model, "device": rec.device, "dtype": rec.dtype,
@@ -385,14 +385,6 @@ def record_json(rec: RaceRecord) -> dict:
     else:
         out["summary"] = _summary_json(rec.summary)
     return out
-
-
-def acceptance_by_depth(run: Run, depth: int = 8) -> list[float]:
-    """Share of the run's steps that accepted at least d drafted tokens, d = 1..depth (AR: all zero)."""
-    tally = DepthTally(depth)
-    for e in run.events:
-        tally.add(max(e.tree.depths(), default=0), e.accepted)
-    return [round(x, 4) for x in tally.share()]
 
 
 def race_api(prompt: str, method: str = "pld", model: str = EMBEDDED, max_new_tokens: int = 64,

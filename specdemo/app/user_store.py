@@ -105,19 +105,20 @@ def gather(inputs: list[str | Path], workdir: Path) -> Corpus:
         else:
             candidates.append((p, True))
     for f, chosen in candidates:
+        size = f.stat().st_size
         if len(corpus.files) >= MAX_FILES:
             corpus.skip(f"files over the cap of {MAX_FILES:,}", f.name)
         elif not chosen and not f.name.endswith(TEXT_SUFFIXES):
             corpus.skip("files of other kinds", f.name)
-        elif f.stat().st_size == 0:
+        elif size == 0:
             corpus.skip("empty files", f.name)
         elif not is_text(f):
             corpus.skip("binary files", f.name)
-        elif corpus.bytes + f.stat().st_size > MAX_TEXT_BYTES:
+        elif corpus.bytes + size > MAX_TEXT_BYTES:
             corpus.skip(f"files past the {MAX_TEXT_BYTES >> 20} MB cap", f.name)
         else:
             corpus.files.append(f)
-            corpus.bytes += f.stat().st_size
+            corpus.bytes += size
     if not corpus.files:
         why = corpus.skipped_text() or "nothing was given"
         raise UserStoreError(f"No text to build a datastore from: {why}. Give UTF-8 text files (.txt, .md, .py, "
