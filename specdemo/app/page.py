@@ -15,6 +15,7 @@ import gradio as gr
 import pandas as pd
 
 from specdemo import ASSETS
+from specdemo.app import calm_trackers
 from specdemo.app.drawn import DRAWN, mark_drawn, same_machine
 from specdemo.app.plots import DEPTHS, SERIES_COLOURS, plots, series
 from specdemo.app.public import public_mode
@@ -643,7 +644,7 @@ API_DOC = API_DOC_HEAD + "\n" + methods_doc() + "\n"
 
 
 def launch_kwargs() -> dict:
-    """theme / css / js for `demo.launch()` (Gradio 6 takes them there, not in Blocks)."""
+    """theme / css / js / the page's early script for `demo.launch()` (Gradio 6 takes them there, not in Blocks)."""
     return {
         "theme": gr.themes.Soft(primary_hue="indigo", secondary_hue="emerald",
                                 font=["ui-sans-serif", "system-ui", "sans-serif"],  # no web-font fetch: works offline
@@ -651,6 +652,7 @@ def launch_kwargs() -> dict:
         "css_paths": [ASSETS / "style.css"],
         "js": (ASSETS / "drawn.js").read_text(),
         "max_file_size": MAX_TEXT_BYTES,  # the only uploads are "Your datastore"'s, capped there too
+        "app_kwargs": {"middleware": calm_trackers.middleware()},
     }
 
 
