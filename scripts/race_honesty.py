@@ -4,13 +4,15 @@
     api    -- the `/race` endpoint of a launched app, through gradio_client (the app, no page)
     page   -- the page in headless Chromium, driven by Playwright, on the same launched app
 
-and AR tokens/s and the speedup of each (medians over the repeats, which go round robin so that the machine's drift
-falls on every way alike), with the figures relative to the bench's.  With --race-all the api and page ways race all
+and AR tokens/s and the speedup of each, relative to the bench's.  The machine's speed drifts by more than 10% over
+minutes, so the repeats go round robin (each repeat runs every way once, starting with a different way each time) and
+the figure reported is the median over the repeats of each way's ratio to the bench run of the same repeat (minutes
+apart at most); the ratio of the medians is printed beside it.  With --race-all the api and page ways race all
 the methods at once in lanes (`/race_all`, the page's Race all) against one bench run of them all.  The browser is
 open throughout, as it is for someone watching.  Run it alone on the machine (every process here shares the cores):
 
-    .venv/bin/python scripts/race_honesty.py --methods rest,s4c --example Code --max-new-tokens 128 --repeats 3
-    .venv/bin/python scripts/race_honesty.py --race-all --methods rest,s4c,sdsat,pld --example Code --repeats 3
+    .venv/bin/python scripts/race_honesty.py --methods rest,s4c --example Code --max-new-tokens 128 --repeats 5
+    .venv/bin/python scripts/race_honesty.py --race-all --methods rest,s4c,sdsat,pld --example Code --repeats 5
 
 Needs Debian's chromium (`make browser`).  Prints one line per way and method, then a JSON summary.
 """
@@ -36,6 +38,27 @@ from specdemo.target import load_target  # noqa: E402
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+WAYS = ("bench", "api", "page")
+
+
+def rotated(ways: tuple[str, ...], rep: int) -> tuple[str, ...]:
+    """The ways in the order of repeat `rep`: each repeat starts with the next way, so none always runs first."""
+    k = rep % len(ways)
+    return ways[k:] + ways[:k]
+
+
+def compare(runs: dict[str, list[dict]], keys: list[str]) -> dict:
+    """Per way: the medians of `keys`; for api and page also `vs_bench` (the median over repeats of the ratio to the
+    same repeat's bench run, minus 1: the figure the bar is about) and `vs_bench_medians` (ratio of the medians)."""
+    med = {w: {k: statistics.median(r[k] for r in runs[w]) for k in keys} for w in runs}
+    out = {w: {k: round(v, 3) for k, v in med[w].items()} for w in med}
+    for w in ("api", "page"):
+        out[w]["vs_bench"] = {k: round(statistics.median(r[k] / b[k] for r, b in zip(runs[w], runs["bench"])) - 1, 3)
+                              for k in keys}
+        out[w]["vs_bench_medians"] = {k: round(med[w][k] / med["bench"][k] - 1, 3) for k in keys}
+    return out
 
 
 def by_bench(target, prompt: str, method: str, tokens: int) -> dict:
@@ -123,7 +146,7 @@ def main_race_all(args, target, prompt: str, methods: list[str]) -> int:
         all_by_bench(target, prompt, ["ar", *methods], 16)
         all_by_api(url, prompt, methods, 16)
         for rep in range(args.repeats):
-            for way in ("bench", "api", "page"):
+            for way in rotated(WAYS, rep):
                 if way == "bench":
                     r = all_by_bench(target, prompt, ["ar", *methods], args.max_new_tokens)
                 elif way == "api":
@@ -133,10 +156,7 @@ def main_race_all(args, target, prompt: str, methods: list[str]) -> int:
                 runs[way].append(r)
                 print(f"{rep + 1}/{args.repeats} {way:<5} all", {k: round(v, 3) for k, v in r.items()},
                       flush=True)
-    med = {w: {k: statistics.median(r[k] for r in runs[w]) for k in keys} for w in runs}
-    summary = {w: {k: round(v, 3) for k, v in med[w].items()} for w in med}
-    for w in ("api", "page"):
-        summary[w]["vs_bench"] = {k: round(med[w][k] / med["bench"][k] - 1, 3) for k in keys}
+    summary = compare(runs, keys)
     summary["page"]["page_share"] = round(statistics.median(r["page_s"] / r["wall_s"] for r in runs["page"]), 3)
     print(json.dumps({"example": args.example, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
                       "race_all": summary}, indent=1))
@@ -150,7 +170,7 @@ def main(argv=None) -> int:
     ap.add_argument("--methods", default="rest,s4c")
     ap.add_argument("--example", default="Code", help="one of the page's example buttons")
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=3, help="races per way and method; the median is reported")
+    ap.add_argument("--repeats", type=int, default=5, help="races per way and method; the median is reported")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--race-all", action="store_true", help="race all the methods at once, in lanes")
     args = ap.parse_args(argv)
@@ -171,7 +191,7 @@ def main(argv=None) -> int:
         # round robin: the machine's speed drifts by more than 10% over minutes, and each way gets the same share
         for rep in range(args.repeats):
             for m in methods:
-                for way in ("bench", "api", "page"):
+                for way in rotated(WAYS, rep):
                     if way == "bench":
                         r = by_bench(target, prompt, m, args.max_new_tokens)
                     elif way == "api":
@@ -184,10 +204,7 @@ def main(argv=None) -> int:
 
     summary = {}
     for m in methods:
-        med = {w: {k: statistics.median(r[k] for r in runs[w][m]) for k in ("ar_tps", "speedup")} for w in runs}
-        summary[m] = {w: {k: round(v, 3) for k, v in med[w].items()} for w in med}
-        for w in ("api", "page"):
-            summary[m][w]["vs_bench"] = {k: round(med[w][k] / med["bench"][k] - 1, 3) for k in ("ar_tps", "speedup")}
+        summary[m] = compare({w: runs[w][m] for w in runs}, ["ar_tps", "speedup"])
         shares = [r["page_s"] / r["wall_s"] for r in runs["page"][m]]
         summary[m]["page"]["page_share"] = round(statistics.median(shares), 3)
     print(json.dumps({"example": args.example, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,

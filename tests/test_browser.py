@@ -55,6 +55,14 @@ def page(url):
         browser.close()
 
 
+def test_the_status_trackers_frame_loop_is_calmed(page):
+    """The early script is in place before Gradio's modules and catches the status tracker's frame requests (an idle
+    Gradio page otherwise asks for 60 frames a second on the cores the race runs on)."""
+    first = page.evaluate("window.sdCalmedFrames")
+    page.wait_for_timeout(1000)
+    assert first > 0 and page.evaluate("window.sdCalmedFrames") > first
+
+
 def test_race_in_the_browser(page):
     page.locator("#sd-prompt textarea").fill(PROMPT)
     page.locator("#sd-mode label", has_text="Prompt lookup").click()

@@ -6,6 +6,7 @@ import threading
 
 import pytest
 
+from specdemo import ASSETS
 from specdemo.app.gate import Gate
 from specdemo.app.page import (
     MODEL_WORK,
@@ -359,6 +360,17 @@ def test_the_drawn_endpoint_releases_a_waiting_race(app):
     reply = httpx.post(app[1] + "gradio_api/run/drawn", json={"data": [token]}, timeout=30)
     assert reply.status_code == 200
     assert DRAWN.wait(token, timeout=5.0)
+
+
+def test_the_page_carries_the_early_script_before_gradios_modules(app):
+    import httpx
+
+    html = httpx.get(app[1], timeout=30).text
+    script = html.find("sdCalmedFrames")
+    assert 0 < script < html.find('<script type="module"')  # runs before Gradio's modules capture the frame function
+    assert html.count("sdCalmedFrames") == (ASSETS / "calm_trackers.js").read_text().count("sdCalmedFrames")
+    config = httpx.get(app[1] + "config", timeout=30)
+    assert config.status_code == 200 and "sdCalmedFrames" not in config.text  # only the page itself is changed
 
 
 def test_model_work_goes_through_the_gate(app):
