@@ -12,8 +12,13 @@ from __future__ import annotations
 import ipaddress
 import secrets
 import threading
+import time
 
 ACK_TIMEOUT = 2.0  # seconds to wait for one acknowledgement; a page that misses it is not waited for again
+# After an acknowledgement the browser is not quite done: it still handles the acknowledgement's own request and
+# response and composites its last frame (about 30 ms of CPU on the 2-core dev machine, most of it in the first
+# 100 ms).  The race waits this much longer, so that work does not land on the next timed step either.
+SETTLE_S = 0.1
 MAX_PENDING = 4096  # tokens held for updates not yet waited on (a bound: a race waits on each token it hands out)
 
 
@@ -47,6 +52,8 @@ class DrawnUpdates:
         drawn = event is not None and event.wait(ACK_TIMEOUT if timeout is None else timeout)
         with self._lock:
             self._events.pop(token, None)
+        if drawn:
+            time.sleep(SETTLE_S)
         return drawn
 
     def __len__(self) -> int:
