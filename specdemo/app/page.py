@@ -453,9 +453,9 @@ def _tabs(ui: SimpleNamespace) -> None:
             with gr.Row():
                 ui.curve_plot = gr.LinePlot(plots(None)[0], x="compute (s)", y="tokens", color="run",
                                             title="Tokens vs own compute time", label="Tokens vs compute time",
-                                            x_axis_format="~g", y_axis_format="~g", color_map=SERIES_COLOURS)
+                                            x_axis_format="~r", y_axis_format="~r", color_map=SERIES_COLOURS)
                 ui.hist_plot = gr.BarPlot(plots(None)[1], x="tokens per step", y="steps",
-                                          title="Tokens per step (accepted + 1)", y_axis_format="~g",
+                                          title="Tokens per step (accepted + 1)", y_axis_format="~r",
                                           label="Accepted lengths", y_lim=[0, None])
                 ui.time_plot = gr.BarPlot(plots(None)[2], x="step", y="ms", color="phase",
                                           title="Draft vs verify ms per step",
@@ -463,7 +463,7 @@ def _tabs(ui: SimpleNamespace) -> None:
                                           color_map={"draft": "#f59e0b", "verify": "#6366f1"})
                 ui.depth_plot = gr.LinePlot(plots(None)[3], x="accepted drafts ≥", y="share of steps", color="run",
                                             title="Acceptance by depth", label="Acceptance by depth",
-                                            y_lim=[0, 1], y_axis_format="~g", color_map=SERIES_COLOURS,
+                                            y_lim=[0, 1], y_axis_format="~r", color_map=SERIES_COLOURS,
                                             sort=[str(d + 1) for d in range(DEPTHS)])
         with gr.Tab("Step by step", elem_id="sd-steps"):
             gr.Markdown("Walk through the speculative run one verification step at a time: the tree the drafter "
