@@ -94,7 +94,6 @@ def unrolled_losses(heads: S4CHeads, ids: torch.Tensor, feats: torch.Tensor, len
     """Loss and per-head metrics for a right-padded batch: ids (B, T), feats (B, T, d) target features."""
     B, T = ids.shape
     dev = feats.device
-    vocab = heads.draft_vocab
     w_lm = heads.lm_weight()  # (V', d)
     emb = heads.embed(ids).to(feats.dtype)
     pos = torch.arange(T, device=dev).unsqueeze(0).expand(B, T)
