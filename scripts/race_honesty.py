@@ -140,7 +140,7 @@ def all_by_page(page, example: str, methods: list[str], tokens: int) -> dict:
 
 
 def main_race_all(args, target, prompt: str, methods: list[str]) -> int:
-    runs: dict[str, list[dict]] = {w: [] for w in ("bench", "api", "page")}
+    runs: dict[str, list[dict]] = {w: [] for w in WAYS}
     keys = ["ar_tps", *methods]
     with watched_app() as (url, page):
         all_by_bench(target, prompt, ["ar", *methods], 16)
@@ -180,7 +180,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
         return main_race_all(args, load_target("embedded"), prompt, methods)
     labels = {"rest": "REST", "s4c": "S4C", "sdsat": "SDSAT", "pld": "Prompt lookup"}
-    runs: dict[str, dict[str, list[dict]]] = {w: {m: [] for m in methods} for w in ("bench", "api", "page")}
+    runs: dict[str, dict[str, list[dict]]] = {w: {m: [] for m in methods} for w in WAYS}
 
     torch.set_num_threads(args.threads)
     target = load_target("embedded")

@@ -220,7 +220,7 @@ def on_reset_store(request: gr.Request | None = None) -> str:
 
 def _refused(message: str) -> tuple:
     gr.Warning(message)
-    return (gr.skip(),) * 3 + (message_html(message, "error"),) + (gr.skip(),) * (len(RACE_OUTPUTS) - 4)
+    return tuple(message_html(message, "error") if name == "message" else gr.skip() for name in RACE_OUTPUTS)
 
 
 # what _stream yields, in order (the page's race outputs; _wire lists the components in the same order)

@@ -75,6 +75,7 @@ def tree_svg(tree: DraftTree, accepted: list[int], own: int | None, root: int | 
             edges.append(f'<path class="{cls}" d="M{x0 + BOX_W},{y0 + BOX_H / 2} C{x0 + BOX_W + 8},{y0 + BOX_H / 2} '
                          f'{x1 - 8},{y1 + BOX_H / 2} {x1},{y1 + BOX_H / 2}"/>')
     for node, (x, y) in xy.items():
+        score = None
         if node == -1:
             tok, cls, tip = root, "sd-t-root", "the newest committed token: the tree hangs off it"
         elif node == OWN:
@@ -94,10 +95,8 @@ def tree_svg(tree: DraftTree, accepted: list[int], own: int | None, root: int | 
         label = text if len(text) <= MAX_LABEL else text[:MAX_LABEL - 1] + "…"
         title = html.escape(f"{text} · {tip}", quote=False)
         star = "★ " if node == OWN else ""
-        score_txt = ""
-        if node not in (-1, OWN) and tree.scores:
-            score_txt = (f'<text class="sd-t-score" x="{x + BOX_W - 3}" y="{y + BOX_H - 5}">'
-                         f'{tree.scores[node]:.2f}</text>')
+        score_txt = ("" if score is None else
+                     f'<text class="sd-t-score" x="{x + BOX_W - 3}" y="{y + BOX_H - 5}">{score:.2f}</text>')
         name = "root" if node == -1 else "own" if node == OWN else node
         boxes.append(f'<g class="sd-t {cls}" data-node="{name}">'
                      f'<title>{title}</title><rect x="{x}" y="{y}" width="{BOX_W}" height="{BOX_H}" rx="4"/>'
