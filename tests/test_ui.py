@@ -16,6 +16,7 @@ from specdemo.app.page import (
     on_generate,
 )
 from specdemo.app.plots import plots
+from specdemo.app.quiet_queue import POLL_S, PROGRESS_POLL_S, quiet
 from specdemo.app.race import TextBuilder, summarize
 from specdemo.app.render import (
     explain_step,
@@ -371,6 +372,23 @@ def test_the_page_carries_the_early_script_before_gradios_modules(app):
     assert html.count("sdCalmedFrames") == (ASSETS / "calm_trackers.js").read_text().count("sdCalmedFrames")
     config = httpx.get(app[1] + "config", timeout=30)
     assert config.status_code == 200 and "sdCalmedFrames" not in config.text  # only the page itself is changed
+
+
+def test_the_queue_polls_every_50_ms_not_every_1_ms(app):
+    demo, _ = app
+    assert demo._queue.sleep_when_free == POLL_S >= 0.02
+    assert demo._queue.progress_update_sleep_when_free == PROGRESS_POLL_S
+
+
+def test_quieting_a_queue_that_gradio_renamed_fails_loudly():
+    import gradio as gr
+
+    with gr.Blocks() as demo:
+        gr.Button()
+    demo.queue()
+    del demo._queue.sleep_when_free
+    with pytest.raises(RuntimeError, match="sleep_when_free"):
+        quiet(demo)
 
 
 def test_model_work_goes_through_the_gate(app):

@@ -15,7 +15,7 @@ import gradio as gr
 import pandas as pd
 
 from specdemo import ASSETS
-from specdemo.app import calm_trackers
+from specdemo.app import calm_trackers, quiet_queue
 from specdemo.app.drawn import DRAWN, mark_drawn, same_machine
 from specdemo.app.plots import DEPTHS, SERIES_COLOURS, plots, series
 from specdemo.app.public import public_mode
@@ -585,7 +585,7 @@ def build_demo(default_model: str = EMBEDDED) -> gr.Blocks:
         _tabs(ui)
         _wire(demo, ui)
     demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=1)
-    return demo
+    return quiet_queue.quiet(demo)
 
 
 HOW_TO_READ = """
