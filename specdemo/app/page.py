@@ -229,6 +229,7 @@ RACE_OUTPUTS = ("ar_pane", "spec_pane", "summary", "message", "curve_plot", "his
                 "step_lane")
 
 
+@quiet_queue.while_racing
 def _stream(req: RaceRequest, request: gr.Request | None):
     """Stream a race (of one method, or race all) into the page: text at most every TEXT_EVERY seconds of racing,
     plots every PLOT_EVERY, and everything at the end.  A browser on this machine is waited for after each update
@@ -364,7 +365,7 @@ def on_bench(model: str, methods: list[str], prompt_labels: list[str], max_new_t
         def report(i: int, n: int, pid: str = "", method: str = "", *_) -> None:
             progress(i / max(n, 1), desc=f"{pid} · {LABELS.get(method, method)}")
 
-        with GATE.turn():
+        with GATE.turn(), quiet_queue.racing():
             target = load_model(model)
             result = bench_on_device(target, list(methods), prompts, int(max_new_tokens), sampling=SamplingConfig(),
                                      progress=None if ZERO_GPU else report)
@@ -564,18 +565,22 @@ def _wire(demo: gr.Blocks, ui: SimpleNamespace) -> None:
     ui.bench_btn.click(on_bench, [ui.model, ui.bench_methods, ui.bench_prompts, ui.bench_tokens],
                        [ui.bench_table, ui.bench_plot, ui.bench_note, ui.bench_json], api_visibility="private",
                        **model_work)
-    gr.api(race_api, api_name="race", **model_work)
-    gr.api(race_all_api, api_name="race_all", **model_work)
+    gr.api(quiet_queue.while_racing(race_api), api_name="race", **model_work)
+    gr.api(quiet_queue.while_racing(race_all_api), api_name="race_all", **model_work)
     gr.api(mark_drawn, api_name="drawn", queue=False, api_visibility="undocumented")
 
 
 def build_demo(default_model: str = EMBEDDED) -> gr.Blocks:
     """The whole page.  Pass `launch_kwargs()` to `launch()` (Gradio 6 takes theme/css there)."""
-    if os.environ.get("SPACE_ID"):
-        try:  # on Spaces: load at start-up (ZeroGPU moves weights to the GPU only outside GPU functions)
-            MODELS.get(default_model)
-        except Exception as exc:  # noqa: BLE001 — the page still opens and shows the reason
-            print(f"specdemo: could not preload {default_model}: {exc}", flush=True)
+    # The default model loads before the server starts, on a quiet machine: loading measures the verification cost
+    # curve that sizes the drafters' trees (budget.py), and measured while a browser renders the freshly opened page
+    # on the same cores it came out up to 1.7x too steep, so S4C sent trees half the size the bench sends.  On Spaces
+    # it has to happen here anyway (ZeroGPU moves weights to the GPU only outside GPU functions).
+    try:
+        print(f"specdemo: loading {default_model} and measuring its verification costs…", flush=True)
+        MODELS.get(default_model)
+    except Exception as exc:  # noqa: BLE001 — the page still opens and shows the reason
+        print(f"specdemo: could not preload {default_model}: {exc}", flush=True)
 
     with gr.Blocks(title="specdemo · speculative decoding, made visible") as demo:
         ui = SimpleNamespace(avail_state=gr.State({}), record_state=gr.State(None),
