@@ -16,9 +16,8 @@ import functools
 import inspect
 import threading
 from contextlib import contextmanager
-from typing import Callable, Iterator
-
-import gradio as gr
+from importlib.metadata import version
+from typing import Any, Callable, Iterator
 
 POLL_S = 0.05  # Queue.sleep_when_free: the wait between two looks for an event to start
 RACING_POLL_S = 0.5  # the same while a race or a bench runs
@@ -30,13 +29,14 @@ _racing = 0  # races and benches running now, over all demos of this process
 _lock = threading.Lock()
 
 
-def quiet(demo: gr.Blocks) -> gr.Blocks:
-    """Slow the polling of `demo`'s queue (call after `demo.queue(...)`, which makes a new one).  Fails loudly if a
-    Gradio upgrade renames what it sets, rather than silently polling a thousand times a second again."""
+def quiet(demo: Any) -> Any:
+    """Slow the polling of a gr.Blocks `demo`'s queue; call after `demo.queue(...)`, which makes a new one.  (Typed
+    Any: only the page imports gradio.)  Fails loudly if a Gradio upgrade renames what it sets, rather than silently
+    polling a thousand times a second again."""
     queue = demo._queue
     for name in _NAMES:
         if not isinstance(getattr(queue, name, None), float):
-            raise RuntimeError(f"gradio {gr.__version__}: Queue.{name} is gone; see specdemo/app/quiet_queue.py")
+            raise RuntimeError(f"gradio {version('gradio')}: Queue.{name} is gone; see specdemo/app/quiet_queue.py")
     with _lock:
         _queues.append(queue)
         _set(queue)
