@@ -43,3 +43,15 @@ def test_turn_serialises_threads():
     for t in threads:
         t.join()
     assert most[0] == 1 and gate.waiting() == 0
+
+
+def test_the_gate_reports_when_work_takes_it_and_lets_go():
+    held = []
+    gate = Gate(2, on_hold=held.append)
+    with gate.turn():
+        assert held == [True]
+        ticket = gate.join()
+        assert gate.wait(ticket, 0.05) == 1  # a second piece of work waits in line, and is not reported
+        gate.leave(ticket)  # nor is its leaving the line
+        assert held == [True]
+    assert held == [True, False]

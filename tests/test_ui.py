@@ -16,14 +16,7 @@ from specdemo.app.page import (
     on_generate,
 )
 from specdemo.app.plots import plots
-from specdemo.app.quiet_queue import (
-    POLL_S,
-    PROGRESS_POLL_S,
-    RACING_POLL_S,
-    quiet,
-    racing,
-    while_racing,
-)
+from specdemo.app.quiet_queue import POLL_S, PROGRESS_POLL_S, RACING_POLL_S, quiet
 from specdemo.app.race import TextBuilder, summarize
 from specdemo.app.render import (
     explain_step,
@@ -35,6 +28,7 @@ from specdemo.app.render import (
 )
 from specdemo.app.request import MAX_SEED, UserError, race_request
 from specdemo.app.session import (
+    GATE,
     MAX_WAITING,
     RaceRecord,
     RaceRequest,
@@ -392,34 +386,15 @@ def test_the_default_model_loads_before_the_server_starts(monkeypatch):
     assert asked == ["embedded"]
 
 
-def test_the_queue_polls_every_50_ms_and_slower_while_racing(app, client):
+def test_the_queue_polls_every_50_ms_and_slower_while_model_work_holds_the_gate(app, client):
     demo, _ = app
     assert demo._queue.sleep_when_free == POLL_S >= 0.02
     assert demo._queue.progress_update_sleep_when_free == PROGRESS_POLL_S
-    with racing(), racing():
+    with GATE.turn():
         assert demo._queue.sleep_when_free == RACING_POLL_S > POLL_S
     assert demo._queue.sleep_when_free == POLL_S
     assert client.predict("Hi", "pld", "embedded", 4, api_name="/race")["status"] == "done"
-    assert demo._queue.sleep_when_free == POLL_S  # the race's handler let go when it ended
-
-
-def test_while_racing_keeps_a_handlers_shape():
-    import inspect
-
-    from specdemo.app import quiet_queue
-
-    inside = []
-
-    def handler(prompt: str, n: int = 2):
-        """Doc."""
-        inside.append(quiet_queue._racing)
-        yield from range(n)
-
-    wrapped = while_racing(handler)
-    assert inspect.isgeneratorfunction(wrapped) and wrapped.__name__ == "handler" and wrapped.__doc__ == "Doc."
-    assert inspect.signature(wrapped) == inspect.signature(handler)
-    assert list(wrapped("x", 3)) == [0, 1, 2] and inside == [1] and quiet_queue._racing == 0
-    assert while_racing(lambda x: x + 1)(1) == 2
+    assert demo._queue.sleep_when_free == POLL_S  # the race let go of the gate when it ended
 
 
 def test_quieting_a_queue_that_gradio_renamed_fails_loudly():

@@ -11,7 +11,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 
 class Busy(Exception):
@@ -31,8 +31,11 @@ class Ticket:
 
 
 class Gate:
-    def __init__(self, max_waiting: int) -> None:
+    def __init__(self, max_waiting: int, on_hold: Callable[[bool], None] | None = None) -> None:
+        """`on_hold(True)` when a piece of work takes the gate, `on_hold(False)` when it lets go (the app slows its
+        queue's polling in between: quiet_queue.py)."""
         self.max_waiting = max_waiting
+        self.on_hold = on_hold
         self._cond = threading.Condition()
         self._line: list[Ticket] = []  # in arrival order; the head runs (or is about to), the rest wait
         self._running: Ticket | None = None
@@ -60,6 +63,8 @@ class Gate:
                     return self._line.index(ticket)
                 self._cond.wait(left)
             self._running, ticket.started = ticket, time.monotonic()
+            if self.on_hold:
+                self.on_hold(True)
             return 0
 
     def leave(self, ticket: Ticket) -> None:
@@ -69,6 +74,8 @@ class Gate:
                 self._line.remove(ticket)
             if self._running is ticket:
                 self._running = None
+                if self.on_hold:
+                    self.on_hold(False)
             self._cond.notify_all()
 
     @contextmanager

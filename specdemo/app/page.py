@@ -229,7 +229,6 @@ RACE_OUTPUTS = ("ar_pane", "spec_pane", "summary", "message", "curve_plot", "his
                 "step_lane")
 
 
-@quiet_queue.while_racing
 def _stream(req: RaceRequest, request: gr.Request | None):
     """Stream a race (of one method, or race all) into the page: text at most every TEXT_EVERY seconds of racing,
     plots every PLOT_EVERY, and everything at the end.  A browser on this machine is waited for after each update
@@ -365,7 +364,7 @@ def on_bench(model: str, methods: list[str], prompt_labels: list[str], max_new_t
         def report(i: int, n: int, pid: str = "", method: str = "", *_) -> None:
             progress(i / max(n, 1), desc=f"{pid} · {LABELS.get(method, method)}")
 
-        with GATE.turn(), quiet_queue.racing():
+        with GATE.turn():
             target = load_model(model)
             result = bench_on_device(target, list(methods), prompts, int(max_new_tokens), sampling=SamplingConfig(),
                                      progress=None if ZERO_GPU else report)
@@ -565,8 +564,8 @@ def _wire(demo: gr.Blocks, ui: SimpleNamespace) -> None:
     ui.bench_btn.click(on_bench, [ui.model, ui.bench_methods, ui.bench_prompts, ui.bench_tokens],
                        [ui.bench_table, ui.bench_plot, ui.bench_note, ui.bench_json], api_visibility="private",
                        **model_work)
-    gr.api(quiet_queue.while_racing(race_api), api_name="race", **model_work)
-    gr.api(quiet_queue.while_racing(race_all_api), api_name="race_all", **model_work)
+    gr.api(race_api, api_name="race", **model_work)
+    gr.api(race_all_api, api_name="race_all", **model_work)
     gr.api(mark_drawn, api_name="drawn", queue=False, api_visibility="undocumented")
 
 

@@ -6,26 +6,24 @@ machine the race is timed on, each wake-up takes a core from one of torch's two 
 step waits for its slowest thread: AR steps in the app's process ran about 8% slower with the 1 ms poll than with a
 50 ms one, and about 5% slower again than with a 0.5 s one (alternated on one launched app, docs/benchmarks.md).
 
-So the queue polls every 50 ms (a click starts at most that much later, which nobody sees) and, while a race or a
-bench runs, every 0.5 s: no other model work can start then anyway (it waits at the gate, or is refused with a
-message, at most half a second later).  Progress bars (datastore builds) update ten times a second.
+So the queue polls every 50 ms (a click starts at most that much later, which nobody sees) and, while model work
+(a race, a bench, a model load) holds the app's gate, every 0.5 s: no other model work can start then anyway (it waits
+at the gate, or is refused with a message, at most half a second later).  Progress bars (datastore builds) update ten
+times a second.
 """
 from __future__ import annotations
 
-import functools
-import inspect
 import threading
-from contextlib import contextmanager
 from importlib.metadata import version
-from typing import Any, Callable, Iterator
+from typing import Any
 
 POLL_S = 0.05  # Queue.sleep_when_free: the wait between two looks for an event to start
-RACING_POLL_S = 0.5  # the same while a race or a bench runs
+RACING_POLL_S = 0.5  # the same while model work holds the gate
 PROGRESS_POLL_S = 0.1  # Queue.progress_update_sleep_when_free: the wait between two looks for progress to send
 _NAMES = ("sleep_when_free", "progress_update_sleep_when_free")
 
 _queues: list = []  # the queues quiet() has set (one per built demo; tests build several)
-_racing = 0  # races and benches running now, over all demos of this process
+_held = False  # model work holds the gate (one gate per process: session.GATE)
 _lock = threading.Lock()
 
 
@@ -44,39 +42,14 @@ def quiet(demo: Any) -> Any:
 
 
 def _set(queue) -> None:
-    queue.sleep_when_free = RACING_POLL_S if _racing else POLL_S
+    queue.sleep_when_free = RACING_POLL_S if _held else POLL_S
     queue.progress_update_sleep_when_free = PROGRESS_POLL_S
 
 
-@contextmanager
-def racing() -> Iterator[None]:
-    """The queues poll every RACING_POLL_S while the block runs (nested and concurrent uses count)."""
-    global _racing
+def hold(busy: bool) -> None:
+    """The gate's `on_hold`: model work took it (True) or let it go (False)."""
+    global _held
     with _lock:
-        _racing += 1
+        _held = busy
         for queue in _queues:
             _set(queue)
-    try:
-        yield
-    finally:
-        with _lock:
-            _racing -= 1
-            for queue in _queues:
-                _set(queue)
-
-
-def while_racing(fn: Callable) -> Callable:
-    """`fn` (a generator function, as the race handlers are, or a plain one) run inside `racing()`; its name,
-    signature and type hints are kept, so Gradio builds the same API from it."""
-    if inspect.isgeneratorfunction(fn):
-        @functools.wraps(fn)
-        def wrapped_gen(*args, **kwargs):
-            with racing():
-                yield from fn(*args, **kwargs)
-        return wrapped_gen
-
-    @functools.wraps(fn)
-    def wrapped(*args, **kwargs):
-        with racing():
-            return fn(*args, **kwargs)
-    return wrapped

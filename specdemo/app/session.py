@@ -15,6 +15,7 @@ from typing import Callable, Iterator
 import torch
 
 from specdemo import __version__
+from specdemo.app import quiet_queue
 from specdemo.app.gate import Busy, Gate
 from specdemo.app.public import PublicModeRefusal, check_model
 from specdemo.app.race import Piece, Race, Run, Summary, TextBuilder, summarize
@@ -119,7 +120,7 @@ def load_model(name: str) -> Target:
 
 STREAM_EVERY = 0.1  # seconds between two streamed `/race` updates while racing
 MAX_WAITING = 16  # requests queued behind the running one; the next is refused with a message
-GATE = Gate(MAX_WAITING)
+GATE = Gate(MAX_WAITING, on_hold=quiet_queue.hold)  # the server polls slowly while model work runs
 
 
 def availability(target: Target) -> dict[str, str | None]:
