@@ -15,7 +15,7 @@ import gradio as gr
 import pandas as pd
 
 from specdemo import ASSETS
-from specdemo.app import calm_trackers, quiet_queue
+from specdemo.app import calm_trackers, model_thread, quiet_queue
 from specdemo.app.drawn import DRAWN, mark_drawn, same_machine
 from specdemo.app.plots import DEPTHS, SERIES_COLOURS, plots, series
 from specdemo.app.public import public_mode
@@ -366,8 +366,8 @@ def on_bench(model: str, methods: list[str], prompt_labels: list[str], max_new_t
 
         with GATE.turn():
             target = load_model(model)
-            result = bench_on_device(target, list(methods), prompts, int(max_new_tokens), sampling=SamplingConfig(),
-                                     progress=None if ZERO_GPU else report)
+            result = model_thread.call(bench_on_device, target, list(methods), prompts, int(max_new_tokens),
+                                       sampling=SamplingConfig(), progress=None if ZERO_GPU else report)
     except Exception as exc:  # noqa: BLE001
         msg = explain_error(exc)
         gr.Warning(msg)
@@ -502,16 +502,16 @@ def _tabs(ui: SimpleNamespace) -> None:
             gr.Markdown("Runs `specdemo.bench` (AR first, then each method, after a warm-up) on the chosen example "
                         "prompts. Greedy; speedup is measured here, against AR in the same run.")
             with gr.Row():
-                ui.bench_methods = gr.CheckboxGroup([], label="Methods")
+                ui.bench_methods = gr.CheckboxGroup([], label="Methods", elem_id="sd-bench-methods")
                 ui.bench_prompts = gr.CheckboxGroup([c for c, _ in EXAMPLES], value=[c for c, _ in EXAMPLES[:3]],
-                                                    label="Prompts")
-                ui.bench_tokens = gr.Slider(8, 256, value=48, step=8, label="Max new tokens")
-            ui.bench_btn = gr.Button("Run benchmark", variant="primary")
+                                                    label="Prompts", elem_id="sd-bench-prompts")
+                ui.bench_tokens = gr.Slider(8, 256, value=48, step=8, label="Max new tokens", elem_id="sd-bench-tokens")
+            ui.bench_btn = gr.Button("Run benchmark", variant="primary", elem_id="sd-bench-run")
             ui.bench_note = gr.HTML(padding=False)
             with gr.Row():
-                ui.bench_table = gr.Dataframe(interactive=False, label="Results", scale=3)
+                ui.bench_table = gr.Dataframe(interactive=False, label="Results", scale=3, elem_id="sd-bench-table")
                 ui.bench_plot = gr.HTML("", padding=False, scale=2)
-            ui.bench_json = gr.DownloadButton("Download bench JSON", interactive=False)
+            ui.bench_json = gr.DownloadButton("Download bench JSON", interactive=False, elem_id="sd-bench-json")
         with gr.Tab("API"):
             gr.Markdown(API_DOC)
 

@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 import torch
 
 from specdemo import __version__
-from specdemo.app import quiet_queue
+from specdemo.app import model_thread, quiet_queue
 from specdemo.app.gate import Busy, Gate
 from specdemo.app.public import PublicModeRefusal, check_model
 from specdemo.app.race import Piece, Race, Run, Summary, TextBuilder, summarize
@@ -78,7 +78,10 @@ class ModelCache:
             return model_name(name) in self._targets
 
     def get(self, name: str) -> Target:
-        name = model_name(name)
+        """The loaded target `name` (loading it on the model thread, like all model work)."""
+        return model_thread.call(self._get, model_name(name))
+
+    def _get(self, name: str) -> Target:
         with self._lock:
             if name in self._targets:
                 self._targets.move_to_end(name)
@@ -93,6 +96,9 @@ class ModelCache:
 
     def put(self, name: str, target: Target) -> None:
         """Share an already loaded target (tests, or a host app that loaded it)."""
+        model_thread.call(self._put, name, target)
+
+    def _put(self, name: str, target: Target) -> None:
         with self._lock:
             if name not in self._targets:
                 self._make_room()
@@ -301,7 +307,7 @@ def run_race(req: RaceRequest, stop: threading.Event | None = None) -> Iterator[
         rec.pieces = {k: b.pieces for k, b in builders.items()}
         yield rec
         rec.status, rec.started = "running", time.perf_counter()
-        events = race_events(req, rec.lanes)
+        events = model_thread.iterate(lambda: race_events(req, rec.lanes))
         for name, ev in events:
             builders[name].add(ev.tokens, ev.step, ev.from_draft, ev.sources)
             rec.texts[name] = builders[name].text
