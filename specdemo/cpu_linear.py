@@ -74,3 +74,15 @@ def use_packed_linears(model: torch.nn.Module, max_bytes: int | None = None) -> 
         packed._packed_weight()  # pack now (~1-2 s for the embedded model), not in whichever request comes first
         model.set_submodule(name, packed)
     return len(linears)
+
+
+def frozen_linear(weight: torch.Tensor) -> torch.nn.Linear:
+    """`x @ weight.T` as a frozen linear layer, on the packed path wherever `use_packed_linears` would use it: a
+    drafter's scoring matrix (1-3 rows against a few thousand vocabulary rows) runs 2-5x faster packed than as a plain
+    matrix product on the 2-core dev CPU."""
+    lin = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+    lin.weight = torch.nn.Parameter(weight.detach().contiguous(), requires_grad=False)
+    if available() and weight.device.type == "cpu" and weight.dtype == torch.float32:
+        lin = PackedLinear.wrap(lin)
+        lin._packed_weight()
+    return lin

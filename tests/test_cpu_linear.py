@@ -73,3 +73,23 @@ def test_opt_out_and_memory_guard(monkeypatch):
     assert use_packed_linears(_model()) == 0
     monkeypatch.delenv("SPECDEMO_PACKED_LINEAR")
     assert use_packed_linears(_model(), max_bytes=1000) == 0  # would not fit: left as it is
+
+
+@pytest.mark.parametrize("rows", [1, 3, 10])
+def test_frozen_linear_scores_like_the_plain_product_on_the_packed_path(rows):
+    torch.manual_seed(1)
+    w = torch.randn(700, 64)  # a scoring matrix: vocabulary rows x hidden size
+    x = torch.randn(rows, 64)
+    lin = cpu_linear.frozen_linear(w)
+    assert isinstance(lin, PackedLinear) and not lin.weight.requires_grad
+    with torch.no_grad():
+        torch.testing.assert_close(lin(x), x @ w.T, rtol=1e-5, atol=1e-5)
+    assert type(cpu_linear.frozen_linear(w.double())) is torch.nn.Linear  # other dtypes: the plain layer
+
+
+def test_s4c_heads_run_on_the_packed_path(embedded):
+    from specdemo.drafters import make_drafter
+
+    drafter = make_drafter("s4c", embedded)
+    linears = [m for m in drafter.heads.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(isinstance(m, PackedLinear) for m in linears)
