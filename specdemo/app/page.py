@@ -502,16 +502,16 @@ def _tabs(ui: SimpleNamespace) -> None:
             gr.Markdown("Runs `specdemo.bench` (AR first, then each method, after a warm-up) on the chosen example "
                         "prompts. Greedy; speedup is measured here, against AR in the same run.")
             with gr.Row():
-                ui.bench_methods = gr.CheckboxGroup([], label="Methods", elem_id="sd-bench-methods")
+                ui.bench_methods = gr.CheckboxGroup([], label="Methods")
                 ui.bench_prompts = gr.CheckboxGroup([c for c, _ in EXAMPLES], value=[c for c, _ in EXAMPLES[:3]],
-                                                    label="Prompts", elem_id="sd-bench-prompts")
-                ui.bench_tokens = gr.Slider(8, 256, value=48, step=8, label="Max new tokens", elem_id="sd-bench-tokens")
-            ui.bench_btn = gr.Button("Run benchmark", variant="primary", elem_id="sd-bench-run")
+                                                    label="Prompts")
+                ui.bench_tokens = gr.Slider(8, 256, value=48, step=8, label="Max new tokens")
+            ui.bench_btn = gr.Button("Run benchmark", variant="primary")
             ui.bench_note = gr.HTML(padding=False)
             with gr.Row():
-                ui.bench_table = gr.Dataframe(interactive=False, label="Results", scale=3, elem_id="sd-bench-table")
+                ui.bench_table = gr.Dataframe(interactive=False, label="Results", scale=3)
                 ui.bench_plot = gr.HTML("", padding=False, scale=2)
-            ui.bench_json = gr.DownloadButton("Download bench JSON", interactive=False, elem_id="sd-bench-json")
+            ui.bench_json = gr.DownloadButton("Download bench JSON", interactive=False)
         with gr.Tab("API"):
             gr.Markdown(API_DOC)
 
