@@ -51,7 +51,9 @@ def isotonic(x: np.ndarray, y: np.ndarray, min_bin: int = MIN_BIN) -> tuple[list
     merged: list[list[float]] = []
     for b in blocks:
         merged.append(list(b))
-        while len(merged) > 1 and merged[-2][1] / merged[-2][2] >= merged[-1][1] / merged[-1][2]:
+        # merge adjacent violators, and bins of one tied score (a score must map to one rate)
+        while len(merged) > 1 and (merged[-2][1] / merged[-2][2] >= merged[-1][1] / merged[-1][2]
+                                   or merged[-2][0] / merged[-2][2] >= merged[-1][0] / merged[-1][2]):
             top = merged.pop()
             merged[-1] = [merged[-1][i] + top[i] for i in range(3)]
     return [round(b[0] / b[2], 6) for b in merged], [round(b[1] / b[2], 6) for b in merged]

@@ -76,10 +76,31 @@ def use_packed_linears(model: torch.nn.Module, max_bytes: int | None = None) -> 
     return len(linears)
 
 
-def frozen_linear(weight: torch.Tensor) -> torch.nn.Linear:
+class _Bf16Scores(torch.nn.Module):
+    """`x @ weight.T` on a bf16 packed copy of `weight`; fp32 rows in, fp32 scores out."""
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(torch.bfloat16).contiguous(), None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), self.packed, None, "none", [], "").float()
+
+
+def bf16_available() -> bool:
+    return available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def frozen_linear(weight: torch.Tensor, draft_precision: bool = False) -> torch.nn.Module:
     """`x @ weight.T` as a frozen linear layer, on the packed path wherever `use_packed_linears` would use it: a
     drafter's scoring matrix (1-3 rows against a few thousand vocabulary rows) runs 2-5x faster packed than as a plain
-    matrix product on the 2-core dev CPU."""
+    matrix product on the 2-core dev CPU.
+
+    draft_precision: the scores only rank draft candidates (the target verifies every draft), so where the CPU has
+    native bf16 the matrix is packed in bf16: half the bytes to stream for each 1-3 row product, which is memory-bound
+    (0.72 -> 0.47 ms for 2 rows against 6,911 vocabulary rows, caches flushed as a verification flushes them)."""
+    if draft_precision and weight.device.type == "cpu" and weight.dtype == torch.float32 and bf16_available():
+        return _Bf16Scores(weight)
     lin = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
     lin.weight = torch.nn.Parameter(weight.detach().contiguous(), requires_grad=False)
     if available() and weight.device.type == "cpu" and weight.dtype == torch.float32:

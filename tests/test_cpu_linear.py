@@ -87,6 +87,20 @@ def test_frozen_linear_scores_like_the_plain_product_on_the_packed_path(rows):
     assert type(cpu_linear.frozen_linear(w.double())) is torch.nn.Linear  # other dtypes: the plain layer
 
 
+@pytest.mark.skipif(not cpu_linear.bf16_available(), reason="this CPU has no native bf16")
+def test_draft_precision_scores_rank_like_the_fp32_product():
+    torch.manual_seed(2)
+    w = torch.randn(5000, 64)
+    x = torch.randn(3, 64)
+    lin = cpu_linear.frozen_linear(w, draft_precision=True)
+    with torch.no_grad():
+        got, want = lin(x), x @ w.T
+    assert got.dtype == torch.float32 and got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=0.1)  # bf16 has 8 mantissa bits
+    # the top candidates a drafter keeps: the fp32 top-1 is among the bf16 top-3, row by row
+    assert all(int(want[r].argmax()) in got[r].topk(3).indices.tolist() for r in range(3))
+
+
 def test_s4c_heads_run_on_the_packed_path(embedded):
     from specdemo.drafters import make_drafter
 

@@ -78,6 +78,15 @@ def test_isotonic_is_monotone_and_matches_rates():
     assert xs == [0.5] and ys == [0.3]
 
 
+def test_isotonic_maps_each_tied_score_to_one_rate():
+    # lookup nodes score by n-gram length (1, 2 or 3): many bins of one score must become one knot with its rate
+    x = np.array([1.0] * 240 + [2.0] * 160 + [3.0] * 80)
+    # within a score the outcomes come in runs (the order the rows were recorded in), so its bins' rates differ
+    y = np.concatenate([[0] * 160 + [0, 0, 0, 1] * 20, [0, 1] * 80, [0, 1, 1, 1] * 20]).astype(float)
+    xs, ys = C.isotonic(x, y)
+    assert xs == [1.0, 2.0, 3.0] and ys == pytest.approx([20 / 240, 0.5, 0.75], abs=1e-6)
+
+
 def test_fit_load_and_refusal(tmp_path):
     rows = [("head1", 1, s / 100, s > 50) for s in range(100)] + [("context", 6, 1.0, k % 4 == 0) for k in range(80)]
     tables = C.fit(rows)
@@ -132,3 +141,24 @@ def test_dynamic_trees_lossless_and_within_budget(embedded, tmp_path, method):
         else:
             assert not any(drafts)  # no step judged worth a tree
         assert all(e.tree.scores is None or len(e.tree.scores) == len(e.tree) for e in events)
+
+
+def test_calibrate_update_keeps_other_methods_and_refuses_other_settings(tmp_path):
+    from types import SimpleNamespace
+
+    from specdemo.offline import calibrate
+
+    target = SimpleNamespace(identity="tok-A")
+    prompts = [("sg:a:0", [1, 2]), ("sg:b:0", [3, 4])]
+    args = SimpleNamespace(max_new_tokens=64)
+    out = tmp_path / "cal.json"
+    assert calibrate._kept(out, target, prompts, args) == ({}, {}, {})  # no file yet: start empty
+    rest = {"datastore|1": {"x": [0.5], "y": [0.4], "n": 50}}
+    out.write_text(json.dumps({"format": C.FORMAT, "tokenizer": "tok-A", "prompts": ["sg:a:0", "sg:b:0"],
+                               "max_new_tokens": 64, "sampling": calibrate.SAMPLING, "command": "python -m specdemo calibrate",
+                               "tables": {"greedy": {"rest": rest}}, "counts": {"greedy": {"rest": {"nodes": 50}}}}))
+    tables, counts, commands = calibrate._kept(out, target, prompts, args)
+    assert tables == {"greedy": {"rest": rest}} and counts["greedy"]["rest"] == {"nodes": 50}
+    assert commands == {"greedy": {"rest": "python -m specdemo calibrate"}}  # the older file's one command
+    with pytest.raises(ValueError, match="without --update"):
+        calibrate._kept(out, target, prompts[:1], args)  # other prompts: its tables are not comparable

@@ -36,6 +36,12 @@ SAMPLING = {"temperature": 0.8, "top_p": 0.9, "seed": 7}  # the sampling table's
 
 def training_prompts(n: int, max_prompt_tokens: int, target) -> list[tuple[str, list[int]]]:
     """(id, prompt ids) of `n` ShareGPT training-split first turns that no shipped corpus distilled, in a fixed order."""
+    return [(pid, ids) for pid, _, ids in training_turns(n, max_prompt_tokens, target)]
+
+
+def training_turns(n: int, max_prompt_tokens: int, target) -> list[tuple[str, str, list[int]]]:
+    """(id, user text, prompt ids) of the first `n` such turns; the calibration takes the first ones, tuning runs
+    (scripts/sharegpt_tune_prompts.py) the ones after them."""
     seen = set()
     for path in DISTILLED_CORPORA:
         _, records = read_corpus(Path(path))
@@ -48,7 +54,7 @@ def training_prompts(n: int, max_prompt_tokens: int, target) -> list[tuple[str, 
     for c in pool:
         ids = target.encode_chat(c.chat[:1])
         if 8 <= len(ids) <= max_prompt_tokens:
-            out.append((f"sg:{c.id}:0", ids))
+            out.append((f"sg:{c.id}:0", c.chat[0]["content"], ids))
         if len(out) == n:
             break
     return out
@@ -77,7 +83,28 @@ def register(sub) -> None:
     p.add_argument("--max-prompt-tokens", type=int, default=1024)
     p.add_argument("--modes", default="greedy,sampling")
     p.add_argument("--out", default=None, help="default: assets/calibration/<model>.json")
+    p.add_argument("--update", action="store_true",
+                   help="keep the other methods' tables of an existing file made with the same prompts and settings "
+                        "(refit one drafter after changing it)")
     p.set_defaults(func=_cli)
+
+
+def _kept(out: Path, target, prompts, args) -> tuple[dict, dict, dict]:
+    """(tables, counts, commands) of an existing calibration file, to be updated method by method; refused when it was
+    made for another tokenizer or on other prompts or settings (its tables would not be comparable)."""
+    try:
+        old = json.loads(out.read_text())
+    except (OSError, ValueError):
+        return {}, {}, {}
+    same = (old.get("format") == FORMAT and old.get("tokenizer") == target.identity
+            and old.get("prompts") == [pid for pid, _ in prompts] and old.get("max_new_tokens") == args.max_new_tokens
+            and old.get("sampling") == SAMPLING)
+    if not same:
+        raise ValueError(f"{out} was made for another tokenizer, other prompts or other settings: rebuild it whole "
+                         f"(without --update).")
+    legacy = old.get("command")  # files from before per-method commands: one command made every table
+    commands = old.get("commands") or {mode: {m: legacy for m in t} for mode, t in old.get("tables", {}).items()}
+    return old.get("tables", {}), old.get("counts", {}), commands
 
 
 def _cli(args) -> int:
@@ -88,8 +115,8 @@ def _cli(args) -> int:
     target = load_target(args.model)
     prompts = training_prompts(args.prompts, args.max_prompt_tokens, target)
     out = Path(args.out) if args.out else default_path(target.name)
-    tables: dict[str, dict] = {}
-    counts: dict[str, dict] = {}
+    command = "python -m specdemo calibrate " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["calibrate"] else [])
+    tables, counts, commands = _kept(out, target, prompts, args) if args.update else ({}, {}, {})
     for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
         sampling = SamplingConfig() if mode == "greedy" else SamplingConfig(**SAMPLING)
         for method in methods:
@@ -103,10 +130,10 @@ def _cli(args) -> int:
             print(f" ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
             tables.setdefault(mode, {})[method] = fit(rows)
             counts.setdefault(mode, {})[method] = {"nodes": len(rows), "accepted": int(sum(r[3] for r in rows))}
+            commands.setdefault(mode, {})[method] = command
     data = {"format": FORMAT, "version": 1, "model": target.name, "tokenizer": target.identity,
-            "command": "python -m specdemo calibrate " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["calibrate"] else []),
-            "prompts": [pid for pid, _ in prompts], "max_new_tokens": args.max_new_tokens, "sampling": SAMPLING,
-            "collection": METHOD_OPTIONS, "counts": counts, "tables": tables}
+            "commands": commands, "prompts": [pid for pid, _ in prompts], "max_new_tokens": args.max_new_tokens,
+            "sampling": SAMPLING, "collection": METHOD_OPTIONS, "counts": counts, "tables": tables}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1))

@@ -103,8 +103,9 @@ class S4CDrafter(Drafter):
                                         torch.tensor(state.tokens, device=t.device, dtype=torch.long)]))
         self.vocab = vocab
         # the frozen LM head's rows for the draft vocabulary, packed once per request (cpu_linear.frozen_linear): the
-        # 1-3 row products of drafting are 2-5x faster packed than as a plain product on the CPU
-        self.score = frozen_linear(self.heads.lm_weight(vocab))
+        # 1-3 row products of drafting are 2-5x faster packed than as a plain product on the CPU, and half the bytes
+        # again in bf16 (they only rank candidates)
+        self.score = frozen_linear(self.heads.lm_weight(vocab), draft_precision=True)
 
     def observe(self, state: DecodeState, verified: Verified) -> None:
         h = verified.hidden
@@ -223,13 +224,14 @@ class S4CDrafter(Drafter):
                 this = [j for j in range(len(nodes)) if nodes[j].depth == depth]
                 new_frontier = sorted(this, key=lambda j: -nodes[j].logp)[:k]
             frontier = new_frontier
-        chain = []
+        size, chain = 0, []
         if self.context > 0:
-            chain = pld.lookup(tokens, min(self.context, self.budget - 1), max_ngram=3, min_ngram=2)
+            size, chain = pld.lookup_with_size(tokens, min(self.context, self.budget - 1), max_ngram=3, min_ngram=2)
         tree = self._select(nodes, chain_nodes if kind != "eagle" else set(), self.budget - len(chain))
-        tree = tree.graft(chain, "context") if chain else tree  # prompt lookup's continuation (option `context`)
-        # raw scores: the heads' path probability; grafted context nodes 1.0 (their calibration table holds how often
-        # such a node is right at its depth)
+        # prompt lookup's continuation (option `context`)
+        tree = tree.graft(chain, "context", score=float(size)) if chain else tree
+        # raw scores: the heads' path probability; grafted context nodes the matched n-gram's length (their
+        # calibration table maps it, per depth, to how often such a node is right)
         if self.calibrator is not None:
             tree = self.calibrator.apply(tree)
         if self.rel_cost is not None:
