@@ -226,7 +226,7 @@ class S4CDrafter(Drafter):
             frontier = new_frontier
         size, chain = 0, []
         if self.context > 0:
-            size, chain = pld.lookup_with_size(tokens, min(self.context, self.budget - 1), max_ngram=3, min_ngram=2)
+            size, chain = pld.lookup_with_size(tokens, min(self.context, self.budget - 1), max_ngram=3, min_ngram=1)
         tree = self._select(nodes, chain_nodes if kind != "eagle" else set(), self.budget - len(chain))
         # prompt lookup's continuation (option `context`)
         tree = tree.graft(chain, "context", score=float(size)) if chain else tree
