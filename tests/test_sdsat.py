@@ -262,6 +262,22 @@ def test_device_default_tree_fits_the_cpu_budget(tiny_llama):
     d._pending = [list(range(100, 112))] * d.k  # a full set of ranked candidates for every depth
     tree = d.propose(type("S", (), {"tokens": [1, 2, 3]})())
     assert len(tree) <= 15 and sum(tree.is_probe(i) for i in range(len(tree))) == d.k * (d.chains + 1)
+    assert "context" not in tree.sources  # nothing to look up: no earlier match of a suffix
+
+
+def test_default_tree_grafts_prompt_lookup_scored_by_ngram_length(tiny_llama):
+    from specdemo.drafters.sdsat.drafter import make
+
+    d = make(tiny_llama, adapter=_noisy_adapter(tiny_llama), calibration="none")
+    d._pending = [list(range(100, 112))] * d.k
+    # the suffix 3-gram (5, 6, 7) occurred before, followed by 8, 9, 5, 6, 7: lookup's chain under the root
+    tree = d.propose(type("S", (), {"tokens": [5, 6, 7, 8, 9, 5, 6, 7]})())
+    ctx = [i for i, s in enumerate(tree.sources) if s == "context"]
+    assert [tree.tokens[i] for i in ctx] == [8, 9, 5, 6, 7] and tree.parents[ctx[0]] == -1
+    assert all(tree.scores[i] == 3.0 for i in ctx)  # raw score: the matched n-gram's length
+    assert len(tree) <= 15
+    assert len([s for s in make(tiny_llama, adapter=_noisy_adapter(tiny_llama), lookup=0, calibration="none")
+                .propose(type("S", (), {"tokens": [5, 6, 7, 8, 9, 5, 6, 7]})()).sources if s == "context"]) == 0
 
 
 def test_sampling_lossless_tiny(tiny_llama):
