@@ -194,6 +194,19 @@ def test_unavailable_reason_and_errors_name_the_command(tmp_path):
     assert B.pick_budget(FakeTarget(device="cuda"), {16: 2.0}) == 64
 
 
+def test_default_tree_size_follows_device_and_calibration(monkeypatch):
+    """CPU with a calibration: sized per step under a cap of 24; CPU without one: a fixed 16-node tree; GPU: 64."""
+    monkeypatch.setattr(R, "calibration_available", lambda target, method: method == "rest")
+    cpu = R.make(FakeTarget(), datastore="none")
+    assert (cpu.dynamic, cpu.budget) == (True, R.DYNAMIC_CAP)
+    gpu = R.make(FakeTarget(device="cuda"), datastore="none")
+    assert (gpu.dynamic, gpu.budget) == (False, B.GPU_BUDGET)
+    monkeypatch.setattr(R, "calibration_available", lambda target, method: False)
+    plain = R.make(FakeTarget(), datastore="none")
+    assert (plain.dynamic, plain.budget) == (False, R.CPU_BUDGET)
+    assert R.make(FakeTarget(), datastore="none", dynamic=False, budget=9).budget == 9
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # On the embedded model
 # ---------------------------------------------------------------------------------------------------------------------

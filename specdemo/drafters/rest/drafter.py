@@ -13,10 +13,10 @@ Every step:
    share trusts a lone continuation completely; on the embedded model it is right ~45% per token).  The draft is the
    best-first subtree by that score under the node budget (a node only after its parent; ties: shallower, then token
    order), so it is deterministic.  `scoring="count"` selects by REST's raw prefix counts instead.
-5. With `dynamic=true` (off by default, see `make`) each node's score is mapped
-   to the probability that it is accepted, fitted on training prompts, and the step sends the best-first prefix
-   that maximises expected tokens per unit of verification cost (budget.cut_to_cost): when the retrieved
-   continuations disagree the step sends a small tree or none.  The node budget is then only a cap.
+5. With `dynamic=true` (the default on CPU where the model has a calibration) each node's score is mapped to the
+   probability that it is accepted, fitted on training prompts, and the step sends the best-first prefix that
+   maximises expected tokens per unit of verification cost (budget.cut_to_cost): when the retrieved continuations
+   disagree the step sends a small tree or none.  The node budget is then only a cap.
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ import numpy as np
 
 from specdemo.budget import GPU_BUDGET, calibrated_cost, cut_to_cost
 from specdemo.calibration import Calibrator
+from specdemo.calibration import available as calibration_available
 from specdemo.drafters import DrafterUnavailable, Knob, Option
 from specdemo.drafters.rest.datastore import (
     Datastore,
@@ -297,14 +298,14 @@ def unavailable_reason(target: Target) -> str | None:
             f"`{build_command(target.name)}` (it is saved where REST looks for it).")
 
 
-CPU_BUDGET = 16  # fixed-size trees on CPU (dynamic off): 16 nodes cost ~1.7x an AR step here
+CPU_BUDGET = 16  # fixed-size trees on CPU (dynamic off, or no calibration): 16 nodes cost ~1.4x an AR step here
 DYNAMIC_CAP = 24  # dynamic on: the cap; each step sends what pays for itself (module doc, 5.)
 
 
 OPTIONS = (
     Option("datastore", "path", special=("default", "none"),
            help="a datastore folder, 'default' (the model's) or 'none' (the request only)"),
-    Option("budget", "int", 1, 256, help="most draft nodes per step (default: 16 on CPU, 64 on GPU)"),
+    Option("budget", "int", 1, 256, help="most draft nodes per step (default on CPU: 24 sized per step, 16 without a calibration; 64 on GPU)"),
     Option("max_suffix", "int", 1, 64, help="longest context suffix looked up"),
     Option("min_suffix", "int", 1, 64, help="shortest context suffix looked up"),
     Option("max_matches", "int", 1, 100_000, help="datastore occurrences read per step"),
@@ -329,7 +330,7 @@ def make(target: Target, datastore: str | None = None, budget: int | None = None
     """A REST drafter for `target`.  datastore: a folder, "default" (the model's default store, built by the set-up
     for the embedded model) or "none" (request-only retrieval).  budget: max draft nodes per step (default: 64 on a
     GPU; on CPU 24 with dynamic sizing, else 16).  dynamic: size each step's tree by its calibrated value against the
-    measured verification cost (default off, see below; without a calibration for the model it keeps the budget)."""
+    measured verification cost (default: on for CPU when the model has a calibration)."""
     if max_suffix < 1 or min_suffix < 1 or min_suffix > max_suffix:
         raise ValueError(f"need 1 <= min_suffix <= max_suffix (got {min_suffix}, {max_suffix})")
     store = None
@@ -344,10 +345,8 @@ def make(target: Target, datastore: str | None = None, budget: int | None = None
         except DatastoreError as exc:
             raise DrafterUnavailable(str(exc)) from exc
     cpu = target.device.type == "cpu"
-    if dynamic is None:
-        # Off by default: the calibration is fitted where the store rarely holds the answer verbatim, so it
-        # undervalues the long unanimous continuations that make REST fast where it does (docs/rest.md).
-        dynamic = False
+    if dynamic is None:  # per-step sizing where verification cost grows with the tree and a calibration exists
+        dynamic = cpu and calibration_available(target, "rest")
     if budget is None:
         budget = (DYNAMIC_CAP if dynamic else CPU_BUDGET) if cpu else GPU_BUDGET
     return RestDrafter(store=store, budget=int(budget), max_suffix=int(max_suffix), min_suffix=int(min_suffix),
@@ -355,7 +354,7 @@ def make(target: Target, datastore: str | None = None, budget: int | None = None
 
 
 KNOBS = (
-    Knob("rest", "budget", "Tree budget", 0, 64, 0, "draft nodes per step · 0 = device default (16 on CPU, 64 on GPU)",
+    Knob("rest", "budget", "Tree budget", 0, 64, 0, "most draft nodes per step · 0 = device default (CPU: at most 24, sized per step; 16 without a calibration; GPU: 64)",
          "omit"),
     Knob("rest", "max_suffix", "Longest suffix looked up", 1, 32, 16, "tokens matched in the datastore"),
 )
