@@ -305,7 +305,8 @@ DYNAMIC_CAP = 24  # dynamic on: the cap; each step sends what pays for itself (m
 OPTIONS = (
     Option("datastore", "path", special=("default", "none"),
            help="a datastore folder, 'default' (the model's) or 'none' (the request only)"),
-    Option("budget", "int", 1, 256, help="most draft nodes per step (default on CPU: 24 sized per step, 16 without a calibration; 64 on GPU)"),
+    Option("budget", "int", 1, 256,
+           help="most draft nodes per step (default on CPU: 24 sized per step, 16 without a calibration; 64 on GPU)"),
     Option("max_suffix", "int", 1, 64, help="longest context suffix looked up"),
     Option("min_suffix", "int", 1, 64, help="shortest context suffix looked up"),
     Option("max_matches", "int", 1, 100_000, help="datastore occurrences read per step"),
@@ -354,7 +355,8 @@ def make(target: Target, datastore: str | None = None, budget: int | None = None
 
 
 KNOBS = (
-    Knob("rest", "budget", "Tree budget", 0, 64, 0, "most draft nodes per step · 0 = device default (CPU: at most 24, sized per step; 16 without a calibration; GPU: 64)",
-         "omit"),
+    Knob("rest", "budget", "Tree budget", 0, 64, 0,
+         "most draft nodes per step · 0 = device default (CPU: at most 24, sized per step; 16 without a calibration; "
+         "GPU: 64)", "omit"),
     Knob("rest", "max_suffix", "Longest suffix looked up", 1, 32, 16, "tokens matched in the datastore"),
 )
