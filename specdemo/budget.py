@@ -5,7 +5,7 @@ On a GPU a forward over 64 tokens costs about what one token costs (memory bound
 cpu_linear.py, 2-5 nodes cost about one 1-token step, 10 nodes ~1.15x, 16 nodes ~1.4x), so a drafter must pick its
 tree size from the measured curve, or it ends up slower than AR.
 
-    verify_cost_curve(target, sizes)  -> {draft nodes: seconds of one verification forward}  (0 = a plain AR step)
+    verify_cost_curve(target, sizes)  -> {draft nodes: seconds of one verification, forward + LM head}  (0 = AR)
     relative_cost(curve)              -> the same, divided by the AR step
     pick_budget(target, expected_tau_by_size) -> the node budget with the best expected tokens per unit of cost
     cost_at(rel, n)                   -> relative cost of an n-node tree, interpolated
@@ -33,8 +33,9 @@ CURVES = "verify_cost_curves"  # the key of {sizes: curve} in Target.artifacts
 
 @torch.no_grad()
 def verify_cost_curve(target, sizes=DEFAULT_SIZES, repeats: int = 5, context: int = 256) -> dict[int, float]:
-    """Fastest of `repeats` timings of one verification forward (`engine.tree_forward` over root + a chain of n draft nodes) for
-    each n in `sizes`, after `context` committed tokens.  Measured once per loaded model and kept on it (or pinned
+    """Fastest of `repeats` timings of one verification (`engine.trial_forward`: the forward over root + a chain of n
+    draft nodes and the LM head over all of those rows, whose cost grows with n as well) for each n in `sizes`, after
+    `context` committed tokens.  Measured once per loaded model and kept on it (or pinned
     by `pin_cost_curves`); sizes are interleaved across repeats and the minimum is kept, so a busy spell (which only
     ever adds time) does not distort the curve."""
     sizes = tuple(sorted(set(int(s) for s in sizes) | {0}))
@@ -161,11 +162,11 @@ def calibrated_cost(target, method: str, state, dynamic: bool, path=None):
     return cal, relative_cost(verify_cost_curve(target, CURVE_SIZES))
 
 
-def cut_to_cost(tree, rel: dict[int, float] | None):
-    """The best-first prefix of a scored DraftTree (no probe nodes) that pays most for its verification; the tree
-    itself when there is no cost curve or no scores."""
+def cut_to_cost(tree, rel: dict[int, float] | None, max_nodes: int | None = None):
+    """The best-first prefix of a scored DraftTree (no probe nodes), at most `max_nodes` long, that pays most for its
+    verification; the tree itself when there is no cost curve or no scores."""
     if rel is None or tree.scores is None or not len(tree):
         return tree
-    order = tree.best_first()
+    order = tree.best_first()[:max_nodes]
     n = best_size([tree.scores[i] for i in order], rel)
     return tree.subtree(sorted(order[:n]))

@@ -250,17 +250,18 @@ def prefilled_cache(target: Target, ids: list[int], room: int) -> KVCache:
 
 
 def trial_forward(target: Target, cache: KVCache, root: int, tree: DraftTree) -> tuple[torch.Tensor, float]:
-    """One verification forward over [root] + `tree` that leaves `cache` as it found it: the hidden states and the
-    forward's own seconds (synchronised).  The harness of cost measurements and model checks."""
+    """One verification over [root] + `tree` that leaves `cache` as it found it: the logits (1 + len(tree), vocab) and
+    the seconds of what a step pays for them, the forward and the LM head over every row (synchronised).  The harness
+    of cost measurements and model checks."""
     past = cache.get_seq_length()
     buf = TreeBuffers.build(tree, past, target.device)
     target.sync()
     t0 = time.perf_counter()
-    hidden = tree_forward(target, cache, [root] + tree.tokens, buf)
+    logits = target.lm_head(tree_forward(target, cache, [root] + tree.tokens, buf))
     target.sync()
     seconds = time.perf_counter() - t0
     cache.keep(past, [])  # drop what this forward appended
-    return hidden, seconds
+    return logits, seconds
 
 
 def check_tree_support(target: Target) -> None:
@@ -277,8 +278,8 @@ def check_tree_support(target: Target) -> None:
     tree = DraftTree(tokens=[ctx[5], ctx[6], ctx[7]], parents=[-1, 0, -1])
     try:
         with torch.no_grad():
-            hidden, _ = trial_forward(target, prefilled_cache(target, ctx[:-1], 8), ctx[-1], tree)
-            got = target.lm_head(hidden).float()
+            logits, _ = trial_forward(target, prefilled_cache(target, ctx[:-1], 8), ctx[-1], tree)
+            got = logits.float()
             ref = []
             for seq in (ctx + [ctx[5], ctx[6]], ctx + [ctx[7]]):
                 ref.append(target.model(input_ids=torch.tensor([seq], device=target.device)).logits[0].float())

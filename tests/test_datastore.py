@@ -256,6 +256,7 @@ def test_default_datastore_small_subset(tmp_path):
     assert m["default_recipe"].startswith(D.DEFAULT_RECIPE) and "site-packages" in m["sources"][0]
     if SELFDISTILL_PATH.exists():
         assert any("selfdistill" in s for s in m["sources"]) and any("sharegpt" in s for s in m["sources"])
+        assert any("code_distill" in s for s in m["sources"])
         # answers start after the chat template's assistant header, so the first step of a chat finds them
         length, rows = store.retrieve(target.encode_prompt("Say something."), 16, 2)
         assert length >= 3 and len(rows)

@@ -41,6 +41,10 @@ def test_best_first_prefixes_are_subtrees(n, seed):
     assert (cut.tokens, cut.parents, cut.scores) == (want.tokens, want.parents, want.scores)
     probs = [tree.scores[i] for i in order]
     assert len(cut) == B.best_size(probs, REL)
+    # a cap keeps the cut within the budget, still a best-first prefix
+    capped = B.cut_to_cost(tree, REL, max_nodes=n // 2)
+    assert len(capped) == B.best_size(probs[: n // 2], REL) <= n // 2
+    assert capped.tokens == tree.subtree(sorted(order[: len(capped)])).tokens
 
 
 def test_best_first_takes_the_best_available_node():

@@ -48,7 +48,7 @@ STDLIB_SKIP_DIRS = SKIP_DIRS | {"test", "tests", "idle_test", "idlelib", "turtle
                                 "dist-packages", "ensurepip", "lib2to3", "pydoc_data"}
 
 
-DEFAULT_RECIPE = "stdlib+selfdistill+sharegpt-distill-v2"
+DEFAULT_RECIPE = "stdlib+selfdistill+sharegpt-distill+code-distill"
 
 
 def collect_files(inputs: Iterable[str | Path], skip_dirs: set[str] = SKIP_DIRS) -> list[Path]:

@@ -17,7 +17,8 @@ from specdemo.offline.sharegpt import is_heldout_record, split_name
 PROMPTS_PATH = ASSETS / "corpus" / "prompts.jsonl"
 SELFDISTILL_PATH = ASSETS / "corpus" / "selfdistill.jsonl.gz"
 SHAREGPT_DISTILL_PATH = ASSETS / "corpus" / "sharegpt_distill.jsonl.gz"  # `python -m specdemo distill`, see README
-DISTILLED_CORPORA = (SELFDISTILL_PATH, SHAREGPT_DISTILL_PATH)
+CODE_DISTILL_PATH = ASSETS / "corpus" / "code_distill.jsonl.gz"  # `distill --prompts stdlib`: the target writing code
+DISTILLED_CORPORA = (SELFDISTILL_PATH, SHAREGPT_DISTILL_PATH, CODE_DISTILL_PATH)
 FORMAT = "specdemo-selfdistill"
 VERSION = 2
 

@@ -12,8 +12,9 @@ skips the prompts it has, and the final file is written to a temporary name and 
 
 Prompt sources: `sharegpt` (the training split of ShareGPT, first user turns then later turns with their real
 history, decontaminated; see sharegpt.py; `--heldout N` adds N held-out first turns, which the trainers keep for
-evaluation), `project` (the project's own prompt set, assets/corpus/prompts.jsonl) or a JSONL file of
-{"id", "prompt"} or {"id", "messages"} lines.
+evaluation), `stdlib` ("complete this function" requests built from the standard library's documented functions,
+see code_prompts.py; `--first N` takes N of them, 0 all), `project` (the project's own prompt set,
+assets/corpus/prompts.jsonl) or a JSONL file of {"id", "prompt"} or {"id", "messages"} lines.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from specdemo.offline import sharegpt
+from specdemo.offline import code_prompts, sharegpt
 from specdemo.offline.build_datastore import load_tokenizer
 from specdemo.offline.corpus import (
     FORMAT,
@@ -45,11 +46,15 @@ def prompt_specs(source: str, first: int, later: int, heldout: int) -> list[dict
         convs = sharegpt.conversations(decontaminate=sharegpt.Decontaminator.for_evaluation_sets())
         return (sharegpt.distill_prompts(convs, first, later)
                 + sharegpt.distill_prompts(convs, heldout, 0, heldout=True))
+    if source == "stdlib":
+        return [{"id": p["id"], "messages": [{"role": "user", "content": p["prompt"]}]}
+                for p in code_prompts.stdlib_prompts(first)]
     if source == "project":
         source = str(PROMPTS_PATH)
     path = Path(source)
     if not path.exists():
-        raise FileNotFoundError(f"prompt source '{source}' is neither sharegpt, project nor an existing JSONL file")
+        raise FileNotFoundError(
+            f"prompt source '{source}' is neither sharegpt, stdlib, project nor an existing JSONL file")
     opener = gzip.open if path.suffix == ".gz" else open
     out = []
     with opener(path, "rt", encoding="utf-8") as f:
@@ -171,8 +176,9 @@ def distill(target, specs: list[dict], out: Path, max_new_tokens: int = 256, max
 def register(sub) -> None:
     p = sub.add_parser("distill", help="self-distil a corpus: the target's greedy answers to many prompts")
     p.add_argument("--model", default="embedded", help="'embedded', a hub id or a local path")
-    p.add_argument("--prompts", default="sharegpt", help="sharegpt | project | PATH.jsonl[.gz]")
-    p.add_argument("--first", type=int, default=8000, help="sharegpt: first user turns of training conversations")
+    p.add_argument("--prompts", default="sharegpt", help="sharegpt | stdlib | project | PATH.jsonl[.gz]")
+    p.add_argument("--first", type=int, default=8000,
+                   help="sharegpt: first user turns of training conversations; stdlib: functions (0 = all)")
     p.add_argument("--later", type=int, default=2000, help="sharegpt: later turns, with their real history")
     p.add_argument("--heldout", type=int, default=300, help="sharegpt: held-out first turns (for evaluation only)")
     p.add_argument("--out", required=True, type=Path)

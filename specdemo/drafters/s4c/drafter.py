@@ -7,8 +7,9 @@ See `heads.py` beside this file for the model and our reading of the paper.  Opt
     budget  -- max tree nodes (default 15; "auto" asks specdemo.budget for this machine's verify cost curve)
     topk    -- alternatives per position (default 3)
     context -- NOT in the paper: graft a prompt-lookup continuation of up to N tokens onto the head tree (source
-               "context"; its nodes count in the budget).  Default 6 through `make` (the registry / bench / UI),
-               because on HumanEval it lifts tau from 1.91 to 2.41 with the shipped heads; `context=0` is pure S4C.
+               "context"; its nodes count in the budget).  Default 10 through `make` (the registry / bench / UI),
+               chosen on HumanEval problems 100-119 and ShareGPT tuning prompts (docs/s4c.md); `context=0` is pure
+               S4C.
 
 KV caches: each head keeps its own cache (the engine's preallocated KVCache) of committed positions, fed from the
 target features that `observe` receives; draft rows are appended for one layer call and cut off again.  Recomputing a
@@ -227,7 +228,10 @@ class S4CDrafter(Drafter):
         size, chain = 0, []
         if self.context > 0:
             size, chain = pld.lookup_with_size(tokens, min(self.context, self.budget - 1), max_ngram=3, min_ngram=1)
-        tree = self._select(nodes, chain_nodes if kind != "eagle" else set(), self.budget - len(chain))
+        # a fixed tree shares the budget between the heads and the graft; a tree sized per step (below) keeps every
+        # head node and lets the cut rank them against the grafted ones, the budget capping what it sends
+        tree = self._select(nodes, chain_nodes if kind != "eagle" else set(),
+                            self.budget if self.rel_cost is not None else self.budget - len(chain))
         # prompt lookup's continuation (option `context`)
         tree = tree.graft(chain, "context", score=float(size)) if chain else tree
         # raw scores: the heads' path probability; grafted context nodes the matched n-gram's length (their
@@ -235,7 +239,7 @@ class S4CDrafter(Drafter):
         if self.calibrator is not None:
             tree = self.calibrator.apply(tree)
         if self.rel_cost is not None:
-            tree = cut_to_cost(tree, self.rel_cost)
+            tree = cut_to_cost(tree, self.rel_cost, max_nodes=self.budget)
             self._last_depths = [d for d, s in zip(tree.depths(), tree.sources) if s != "context"]
         return tree
 
@@ -283,7 +287,7 @@ OPTIONS = (
 
 
 def make(target: Target, heads: str | None = None, tree: str = "s4c", budget: int | str | None = None, topk: int = 3,
-         context: int = 6, dynamic: bool | None = None, calibration: str | None = None) -> S4CDrafter:
+         context: int = 10, dynamic: bool | None = None, calibration: str | None = None) -> S4CDrafter:
     cpu = target.device.type == "cpu"
     if dynamic is None:  # per-step sizing where verification cost grows with the tree and a calibration exists
         dynamic = cpu and calibration_available(target, "s4c")

@@ -1,0 +1,82 @@
+"""Code prompts from Python's standard library: "complete this function" requests built from its documented functions.
+
+The chat half of the self-distilled corpus teaches the drafters how the target answers questions; nothing teaches
+them how it writes code when asked for a function, which is what HumanEval-style requests look like.  The standard
+library is installed everywhere and documented: each top-level function with a docstring becomes a request that shows
+its signature and docstring only (the body is what the target is asked to write), so the target's own answers, not
+the library's code, become the corpus (`python -m specdemo distill --prompts stdlib`).
+
+The functions come from the same files as the default datastore's stdlib part (no tests, IDLE, demos or bundled
+third-party code); prompts sharing a word 10-gram with an evaluation set are dropped; the order is a fixed hash, so
+`--first N` takes the same N functions on every machine with the same Python.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+from functools import lru_cache
+from typing import Iterator
+
+from specdemo.prompts import HUMANEVAL_WRAP
+
+MIN_DOC, MAX_DOC = 40, 1200  # docstring characters: a one-liner says too little to write a body from
+MAX_ARGS_CHARS = 200  # signatures longer than this are mostly keyword plumbing
+
+
+def function_stub(node: ast.FunctionDef | ast.AsyncFunctionDef) -> str | None:
+    """`def name(args) -> ret:` plus the docstring, indented as written; None for functions without a usable one."""
+    doc = ast.get_docstring(node, clean=True)
+    if not doc or not MIN_DOC <= len(doc) <= MAX_DOC or '"""' in doc or "\\" in doc:
+        return None
+    args = ast.unparse(node.args)
+    if len(args) > MAX_ARGS_CHARS:
+        return None
+    ret = f" -> {ast.unparse(node.returns)}" if node.returns is not None else ""
+    prefix = "async def" if isinstance(node, ast.AsyncFunctionDef) else "def"
+    body = "\n".join(("    " + line).rstrip() for line in doc.splitlines())
+    return f"{prefix} {node.name}({args}){ret}:\n    \"\"\"{body.lstrip()}\n    \"\"\"\n"
+
+
+def module_stubs(source: str) -> Iterator[tuple[str, str]]:
+    """(function name, stub) of the documented public top-level functions of one module's source."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("__"):
+            stub = function_stub(node)
+            if stub is not None:
+                yield node.name, stub
+
+
+@lru_cache(maxsize=1)
+def _stdlib_stubs() -> tuple[tuple[str, str], ...]:
+    """(id, stub) of every documented top-level function of the stdlib part, the first of identical stubs only, in
+    the fixed hashed order (parsing the library takes seconds: done once per process)."""
+    from specdemo.offline.build_datastore import STDLIB_SKIP_DIRS, collect_files, stdlib_dir
+
+    root = stdlib_dir()
+    out, seen = [], set()
+    for path in collect_files([root], STDLIB_SKIP_DIRS):
+        if path.suffix != ".py":
+            continue
+        module = ".".join(path.relative_to(root).with_suffix("").parts)
+        for name, stub in module_stubs(path.read_text(encoding="utf-8", errors="replace")):
+            if stub not in seen:
+                seen.add(stub)
+                out.append((f"stdlib:{module}:{name}", stub))
+    out.sort(key=lambda p: hashlib.blake2b(p[0].encode(), digest_size=8).digest())
+    return tuple(out)
+
+
+def stdlib_prompts(limit: int = 0, decontaminate=None) -> list[dict]:
+    """{"id": "stdlib:MODULE:FUNCTION", "prompt"} requests, in a fixed hashed order, at most `limit` (0 = all).
+
+    decontaminate: a `sharegpt.Decontaminator` (default: the evaluation sets' one); prompts it rejects are dropped."""
+    from specdemo.offline.sharegpt import Decontaminator
+
+    check = decontaminate or Decontaminator.for_evaluation_sets()
+    out = [{"id": pid, "prompt": HUMANEVAL_WRAP.format(prompt=stub)} for pid, stub in _stdlib_stubs()
+           if check.clean(stub)]
+    return out[:limit] if limit else out
