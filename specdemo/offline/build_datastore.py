@@ -363,6 +363,12 @@ def stdlib_dir() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
 
+def stdlib_files() -> list[Path]:
+    """The `.py` files of the default store's stdlib part (no tests, IDLE, demos or bundled third-party code), sorted:
+    the code prompts (code_prompts.py) are built from the same files."""
+    return [f for f in collect_files([stdlib_dir()], STDLIB_SKIP_DIRS) if f.suffix == ".py"]
+
+
 def selfdistill_docs(path: Path, identity: str) -> tuple[list[list[int]], str]:
     """The self-distilled answers as documents: the assistant header + the answer ids (ends with EOS when finished)."""
     if not path.exists():
@@ -425,8 +431,7 @@ def ensure_default(target, progress: bool = True, stdlib_limit: int = 0, out_dir
         raise DatastoreError(
             f"REST has no datastore for model '{target.name}'. Build one from text in its domain with "
             f"`{build_command(target.name)}` (it goes to {out}, where REST finds it), or pass a datastore path.")
-    files = collect_files([stdlib_dir()], STDLIB_SKIP_DIRS)
-    files = [f for f in files if f.suffix == ".py"]
+    files = stdlib_files()
     if stdlib_limit:
         files = files[:stdlib_limit]
     check = Decontaminator.for_evaluation_sets()  # evaluation text never reaches a datastore

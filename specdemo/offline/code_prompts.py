@@ -54,13 +54,11 @@ def module_stubs(source: str) -> Iterator[tuple[str, str]]:
 def _stdlib_stubs() -> tuple[tuple[str, str], ...]:
     """(id, stub) of every documented top-level function of the stdlib part, the first of identical stubs only, in
     the fixed hashed order (parsing the library takes seconds: done once per process)."""
-    from specdemo.offline.build_datastore import STDLIB_SKIP_DIRS, collect_files, stdlib_dir
+    from specdemo.offline.build_datastore import stdlib_dir, stdlib_files
 
     root = stdlib_dir()
     out, seen = [], set()
-    for path in collect_files([root], STDLIB_SKIP_DIRS):
-        if path.suffix != ".py":
-            continue
+    for path in stdlib_files():
         module = ".".join(path.relative_to(root).with_suffix("").parts)
         for name, stub in module_stubs(path.read_text(encoding="utf-8", errors="replace")):
             if stub not in seen:
