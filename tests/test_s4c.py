@@ -132,8 +132,13 @@ def test_training_loss_falls(tiny_llama, tmp_path):
         intermediate_size=64, draft_vocab=512, steps=30, epochs=1, minutes=0, batch_size=3, lr=3e-3,
         weight_decay=0.0, warmup=2, noise=0.0, loss_weights=[0.1, 1.0, 1.0], max_prompt=16, max_len=64,
         heldout_max=0, seed=0, log_every=10, eval_every=1000, ckpt_every=15, resume=True,
-        feature_cache=str(tmp_path / "fc"), threads=0, init=None)
+        feature_cache=str(tmp_path / "fc"), threads=0, init=None, first=[0])
     records = s4c.read_records([str(data)])
+    # --first: the first N records of each file (one number per file or one for all), 0 = all
+    assert [r["id"] for r in s4c.read_records([str(data), str(data)], [2, 0])] == ["r0", "r1"] + [r["id"] for r in recs]
+    assert len(s4c.read_records([str(data), str(data)], [1])) == 2
+    with pytest.raises(ValueError, match="one per --data file"):
+        s4c.read_records([str(data)], [1, 2])
     target = t
     feats = s4c.extract_features(target, records, tmp_path / "fc" / "f.pt", 16, log=lambda m: None)
     heads = S4CHeads(target, 3, 64, s4c.build_draft_vocab(records, 512, target.lm_head.weight.shape[0], [0]))

@@ -39,10 +39,17 @@ from specdemo.target import cache_root, load_target
 
 
 # ---------------------------------------------------------------------------------------------------------- data
-def read_records(paths: list[str]) -> list[dict]:
-    """Records {"id", "ids", "start"} (start = first answer position) for the unrolled training."""
+def read_records(paths: list[str], first: list[int] | None = None) -> list[dict]:
+    """Records {"id", "ids", "start"} (start = first answer position) for the unrolled training.  `first` takes the
+    first N records of each file (one number per file, or one for all; 0 = all): a fine-tune mixes a new corpus with a
+    replay slice of the old ones without computing features for all of them."""
+    first = list(first or [0])
+    if len(first) not in (1, len(paths)):
+        raise ValueError(f"--first takes one number or one per --data file ({len(paths)}), not {len(first)}")
+    limits = first * len(paths) if len(first) == 1 else first
+    recs = [r for path, n in zip(paths, limits) for r in corpus.read_records([path])[: n or None]]
     return [{"id": r["id"], "ids": r["prompt_ids"] + r["answer_ids"], "start": len(r["prompt_ids"])}
-            for r in corpus.read_records(paths) if len(r["answer_ids"]) >= 4]
+            for r in recs if len(r["answer_ids"]) >= 4]
 
 
 def _rec_key(ids: list[int]) -> str:
@@ -259,7 +266,7 @@ def train(args) -> int:
     log(f"command: {command}")
     clock = train_loop.Clock(args.minutes)  # the budget counts the feature extraction too
     target = load_target(args.model, device=args.device, dtype="float32")  # features as the CPU demo computes them
-    records = read_records(args.data)
+    records = read_records(args.data, args.first)
     if not records:
         log("no training records found")
         return 1
@@ -335,6 +342,9 @@ def register_train(subparsers) -> None:
     p.add_argument("--model", default="embedded")
     p.add_argument("--data", nargs="+", default=["assets/corpus/selfdistill.jsonl.gz"],
                    help="self-distilled corpora (.jsonl.gz from `python -m specdemo distill`) or jsonl with 'ids'")
+    p.add_argument("--first", type=int, nargs="+", default=[0], metavar="N",
+                   help="records taken from the start of each --data file (one number per file, or one for all; "
+                        "0 = all)")
     p.add_argument("--out", required=True)
     p.add_argument("--device", default=None)
     p.add_argument("--n-heads", type=int, default=3)
