@@ -17,6 +17,8 @@ import hashlib
 from functools import lru_cache
 from typing import Iterator
 
+from specdemo.offline.build_datastore import stdlib_dir, stdlib_files
+from specdemo.offline.sharegpt import Decontaminator
 from specdemo.prompts import HUMANEVAL_WRAP
 
 MIN_DOC, MAX_DOC = 40, 1200  # docstring characters: a one-liner says too little to write a body from
@@ -54,8 +56,6 @@ def module_stubs(source: str) -> Iterator[tuple[str, str]]:
 def _stdlib_stubs() -> tuple[tuple[str, str], ...]:
     """(id, stub) of every documented top-level function of the stdlib part, the first of identical stubs only, in
     the fixed hashed order (parsing the library takes seconds: done once per process)."""
-    from specdemo.offline.build_datastore import stdlib_dir, stdlib_files
-
     root = stdlib_dir()
     out, seen = [], set()
     for path in stdlib_files():
@@ -72,8 +72,6 @@ def stdlib_prompts(limit: int = 0, decontaminate=None) -> list[dict]:
     """{"id": "stdlib:MODULE:FUNCTION", "prompt"} requests, in a fixed hashed order, at most `limit` (0 = all).
 
     decontaminate: a `sharegpt.Decontaminator` (default: the evaluation sets' one); prompts it rejects are dropped."""
-    from specdemo.offline.sharegpt import Decontaminator
-
     check = decontaminate or Decontaminator.for_evaluation_sets()
     out = [{"id": pid, "prompt": HUMANEVAL_WRAP.format(prompt=stub)} for pid, stub in _stdlib_stubs()
            if check.clean(stub)]
