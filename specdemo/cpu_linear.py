@@ -33,16 +33,19 @@ class PackedLinear(torch.nn.Linear):
         new.in_features, new.out_features = lin.in_features, lin.out_features
         new.register_parameter("weight", lin.weight)  # the same Parameter objects: ties survive
         new.register_parameter("bias", lin.bias)
-        new._packed, new._packed_key = None, None
+        new._packed, new._packed_key, new._bf16_bias = None, None, None
+        new.bf16 = False
         return new
 
     def _packed_weight(self) -> torch.Tensor | None:
         w = self.weight
         if w.device.type != "cpu" or w.dtype != torch.float32:
             return None
-        key = (w.data_ptr(), w._version)
+        key = (w.data_ptr(), w._version, self.bf16)
         if self._packed_key != key:
-            self._packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), None)
+            src = w.detach().to(torch.bfloat16).contiguous() if self.bf16 else w.detach()
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(src, None)
+            self._bf16_bias = None if self.bias is None or not self.bf16 else self.bias.detach().to(torch.bfloat16)
             self._packed_key = key
         return self._packed
 
@@ -50,16 +53,23 @@ class PackedLinear(torch.nn.Linear):
         if not torch.is_grad_enabled() and x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() >= 2 \
                 and x.numel():
             packed = self._packed_weight()
+            if packed is not None and self.bf16:
+                return torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), packed, self._bf16_bias, "none", [],
+                                                          "").float()
             if packed is not None:
                 return torch.ops.mkldnn._linear_pointwise(x, packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 
 
-def use_packed_linears(model: torch.nn.Module, max_bytes: int | None = None) -> int:
+def use_packed_linears(model: torch.nn.Module, max_bytes: int | None = None, draft_precision: bool = False) -> int:
     """Swap every nn.Linear of a CPU fp32 model for a PackedLinear; returns how many were swapped (0 = not used).
 
     The packed copies double the linear weights' memory, so this is skipped when they would exceed `max_bytes`
     (default: a quarter of physical memory).
+
+    draft_precision: the model only drafts (its outputs rank candidates the target then verifies), so where the CPU
+    has native bf16 the weights are packed in bf16: a drafter's 1-10 row products are memory-bound, and half the bytes
+    make them faster after a verification has flushed the caches (fp32 rows in and out; see `frozen_linear`).
     """
     if not available():
         return 0
@@ -69,8 +79,10 @@ def use_packed_linears(model: torch.nn.Module, max_bytes: int | None = None) -> 
         max_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
     if not linears or sum(m.weight.numel() * 4 for _, m in linears) > max_bytes:
         return 0
+    bf16 = draft_precision and bf16_available()
     for name, lin in linears:
         packed = PackedLinear.wrap(lin)
+        packed.bf16 = bf16
         packed._packed_weight()  # pack now (~1-2 s for the embedded model), not in whichever request comes first
         model.set_submodule(name, packed)
     return len(linears)

@@ -68,6 +68,25 @@ def test_weight_change_is_seen_and_autograd_uses_plain_path():
     torch.testing.assert_close(w.grad, torch.ones(4, 16).t() @ x.detach())
 
 
+@pytest.mark.skipif(not cpu_linear.bf16_available(), reason="this CPU has no native bf16")
+def test_draft_precision_packs_bf16_and_keeps_fp32_io():
+    """A drafting model's linears in bf16: fp32 rows in and out, within bf16 rounding of F.linear; the fp32 weights
+    (state dict, autograd) are untouched."""
+    model = _model()
+    keys = {k: v.clone() for k, v in model.state_dict().items()}
+    n = use_packed_linears(model, draft_precision=True)
+    assert n and all(m.bf16 for m in model.modules() if isinstance(m, PackedLinear))
+    lin = model.model.layers[0].mlp.up_proj
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        y = lin(x)
+        want = F.linear(x, lin.weight, lin.bias)
+    assert y.dtype == torch.float32
+    assert not torch.equal(y, want)  # really the bf16 product
+    torch.testing.assert_close(y, want, rtol=2e-2, atol=2e-2)
+    assert all(torch.equal(v, keys[k]) for k, v in model.state_dict().items())
+
+
 def test_opt_out_and_memory_guard(monkeypatch):
     monkeypatch.setenv("SPECDEMO_PACKED_LINEAR", "0")
     assert use_packed_linears(_model()) == 0

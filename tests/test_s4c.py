@@ -69,6 +69,36 @@ def test_drafter_cache_matches_unrolled_training(tiny_llama):
             torch.testing.assert_close(dr.G[h][:n_ok], u[0, :n_ok], atol=2e-3, rtol=1e-2)
 
 
+def test_window_matches_training_crop_and_stays_lossless(tiny_llama):
+    """With `window` W the heads see what training's prompt crop shows them: their outputs equal the unrolled heads
+    run on the sequence from W tokens before the answer (positions renumbered from 0, as the trainer does), nothing
+    before it enters their caches, and decoding stays token-identical to AR."""
+    t = tiny_llama
+    heads = _heads(t, 3)
+    prompt = t.encode_prompt(PROMPT)
+    W = 6
+    assert len(prompt) > W + 3
+    dr = S4CDrafter(t, heads, window=W)
+    cfg = GenerationConfig(max_new_tokens=12)
+    toks, _ = run_to_end(t, prompt, dr, cfg)
+    assert toks == run_to_end(t, prompt, None, cfg)[0]
+    start = len(prompt) - W
+    seq = prompt + toks[:-1]
+    with torch.no_grad():
+        f = t.decoder(input_ids=torch.tensor([seq])).last_hidden_state[:, start:]
+        T = f.shape[1]
+        emb = heads.embed(torch.tensor([seq[start:]]))
+        u = f
+        for h in range(3):
+            k = h + 1
+            e = torch.zeros_like(emb)
+            e[:, : T - k] = emb[:, k:]
+            u = heads.head(h, e, u, torch.arange(T).unsqueeze(0))
+            assert dr.caches[h].get_seq_length() == dr.done[h] - start  # only positions from the window on
+            torch.testing.assert_close(dr.G[h][start : dr.done[h]], u[0, : dr.done[h] - start], atol=2e-3, rtol=1e-2)
+            assert not dr.G[h][:start].any()
+
+
 @pytest.mark.parametrize("kind", ["s4c", "chain", "eagle"])
 def test_tree_invariants(tiny_llama, kind):
     t = tiny_llama

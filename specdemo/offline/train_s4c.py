@@ -300,6 +300,7 @@ def train(args) -> int:
                                "rng": rng.getstate(), "total_steps": total_steps})
         save_heads(heads, out, {"training": {"command": command, "step": step, "records": len(records),
                                              "answer_tokens": n_tok, "loss_weights": args.loss_weights,
+                                             "max_prompt": args.max_prompt,
                                              "seed": args.seed}})
         log(f"{'final' if final else 'checkpoint'}: step {step}, heads saved to {out}")
 

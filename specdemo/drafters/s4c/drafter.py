@@ -6,6 +6,11 @@ See `heads.py` beside this file for the model and our reading of the paper.  Opt
                "eagle" (EAGLE-2 style: expand the topk best nodes per depth, keep the budget best overall)
     budget  -- max tree nodes (default 15; "auto" asks specdemo.budget for this machine's verify cost curve)
     topk    -- alternatives per position (default 3)
+    window  -- prompt tokens the heads attend over (default: the heads' training crop, 160): the heads learnt on
+               answers after at most that much prompt, and a long prompt (RAG, summarisation) would otherwise cost a
+               head pass over every prompt token before the first draft
+    precision -- "bf16" (default where the CPU has native bf16) or "fp32": the heads' packed weights on the CPU.  A
+               head call of 1-10 rows is memory-bound, and the heads only draft (docs/s4c.md)
     context -- NOT in the paper: graft a prompt-lookup continuation of up to N tokens onto the head tree (source
                "context"; its nodes count in the budget).  Default 10 through `make` (the registry / bench / UI),
                chosen on HumanEval problems 100-119 and ShareGPT tuning prompts (docs/s4c.md); `context=0` is pure
@@ -73,11 +78,12 @@ class S4CDrafter(Drafter):
     needs_hidden = True
 
     def __init__(self, target: Target, heads: S4CHeads, tree: str = "s4c", budget: int = 15, topk: int = 3,
-                 context: int = 0, dynamic: bool = False, calibration: Path | None = None):
+                 context: int = 0, dynamic: bool = False, calibration: Path | None = None, window: int = 0):
         if tree not in TREES:
             raise ValueError(f"s4c tree must be one of {', '.join(TREES)} (got {tree!r})")
         self.target, self.heads, self.tree_kind = target, heads, tree
         self.budget, self.topk = int(budget), max(1, int(topk))
+        self.window = int(window)  # >0: heads start at the last `window` prompt tokens
         self.context = int(context)  # >0: also graft a prompt-lookup chain of up to this many tokens (not in the paper)
         self.H = heads.n_heads
         # dynamic: score every node with its calibrated acceptance probability and send, per step, the best-first
@@ -98,7 +104,9 @@ class S4CDrafter(Drafter):
         if prompt_hidden is not None:
             self.F[: len(prompt_hidden)] = prompt_hidden
             self.nf = len(prompt_hidden)
-        self.done = [0] * self.H  # positions already in each head's cache
+        # positions already in each head's cache: none yet, and those before the window never enter it
+        start = max(0, state.prompt_len - self.window) if self.window > 0 else 0
+        self.done = [start] * self.H
         self.caches = [KVCache(capacity=cap + 64) for _ in range(self.H)]
         vocab = torch.unique(torch.cat([self.heads.draft_vocab.to(t.device),
                                         torch.tensor(state.tokens, device=t.device, dtype=torch.long)]))
@@ -280,6 +288,8 @@ OPTIONS = (
     Option("tree", "choice", choices=("s4c", "chain", "eagle"), help="tree shape (s4c = the paper's)"),
     Option("budget", "int", 1, 256, special=("auto",), help="most draft nodes per step; 'auto' = from the cost curve"),
     Option("topk", "int", 1, 16, help="candidates each head contributes"),
+    Option("window", "int", 0, 4096, help="prompt tokens the heads attend over (0 = all; default: their training crop)"),
+    Option("precision", "choice", choices=("bf16", "fp32"), help="the heads' weights on the CPU (bf16 = half the bytes)"),
     Option("context", "int", 0, 64, help="graft a prompt-lookup chain of up to this many tokens (0 = off)"),
     Option("dynamic", "bool", help="send per step the part of the tree that pays for its verification"),
     Option("calibration", "path", special=("none",), help="a calibration file, or 'none' for raw scores"),
@@ -287,7 +297,8 @@ OPTIONS = (
 
 
 def make(target: Target, heads: str | None = None, tree: str = "s4c", budget: int | str | None = None, topk: int = 3,
-         context: int = 10, dynamic: bool | None = None, calibration: str | None = None) -> S4CDrafter:
+         context: int = 10, dynamic: bool | None = None, calibration: str | None = None, window: int | None = None,
+         precision: str = "bf16") -> S4CDrafter:
     cpu = target.device.type == "cpu"
     if dynamic is None:  # per-step sizing where verification cost grows with the tree and a calibration exists
         dynamic = cpu and calibration_available(target, "s4c")
@@ -295,7 +306,7 @@ def make(target: Target, heads: str | None = None, tree: str = "s4c", budget: in
     if source is None or (isinstance(source, Path) and not (source / "model.safetensors").exists()):
         raise DrafterUnavailable(_missing(target))
     try:
-        loaded = _cached_heads(target, str(source))
+        loaded = _cached_heads(target, str(source), bf16=precision == "bf16")
     except S4CArtifactError as exc:
         raise DrafterUnavailable(str(exc)) from exc
     if budget is None:
@@ -303,9 +314,15 @@ def make(target: Target, heads: str | None = None, tree: str = "s4c", budget: in
     if budget == "auto":
         budget = _auto_budget(target)
         topk = max(int(topk), -(-budget // (2 * loaded.n_heads - 1)))  # an s4c tree holds (2H - 1) * topk nodes
+    if window is None:
+        window = loaded.config.get("training", {}).get("max_prompt", TRAINED_WINDOW)
     return S4CDrafter(target, loaded, tree=str(tree), budget=int(budget), topk=int(topk), context=int(context),
-                      dynamic=dynamic, calibration=Path(calibration) if calibration else None)
+                      dynamic=dynamic, calibration=Path(calibration) if calibration else None, window=int(window))
 
+
+# prompt tokens the trainer keeps before each answer (train_s4c --max-prompt's default), for heads whose config does
+# not record it
+TRAINED_WINDOW = 160
 
 # tau of the s4c tree by node budget on the embedded model with the shipped heads (scripts/s4c_tau.py, greedy)
 EXPECTED_TAU = {1: 1.45, 3: 1.75, 6: 2.0, 9: 2.15, 12: 2.25, 15: 2.3}
@@ -318,14 +335,15 @@ def _auto_budget(target: Target) -> int:
     return max(3, int(pick_budget(target, EXPECTED_TAU, sizes=(0, 1, 2, 4, 8, 12, 16))))
 
 
-def _cached_heads(target: Target, source: str) -> S4CHeads:
+def _cached_heads(target: Target, source: str, bf16: bool = True) -> S4CHeads:
     """Heads loaded once per model and kept on it (they hold the model: a global cache would keep it alive), their
-    linear layers on the CPU's packed path like the target's (a head call has 1-10 rows)."""
-    key = ("s4c-heads", source)
+    linear layers on the CPU's packed path like the target's (a head call has 1-10 rows), in bf16 where asked for and
+    the CPU has it: the heads only draft, and a head call streams its weights once per step."""
+    key = ("s4c-heads", source, bool(bf16))
     if key not in target.artifacts:
         heads = load_heads(target, source)
         if target.packed_linears:
-            use_packed_linears(heads)
+            use_packed_linears(heads, draft_precision=bf16)
         target.artifacts[key] = heads
     return target.artifacts[key]
 
