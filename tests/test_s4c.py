@@ -46,6 +46,23 @@ def test_head_shapes(tiny):
     assert type(heads.layers[0]) is type(tiny.decoder.layers[0])  # the target's own decoder-layer class
 
 
+def _unrolled_heads(t, heads, seq: list[int], start: int = 0) -> list[torch.Tensor]:
+    """Each head's outputs as training computes them: unrolled over seq[start:] (the trainer's prompt crop), with
+    positions numbered from 0 and head h fed the tokens h + 1 ahead."""
+    with torch.no_grad():
+        u = t.decoder(input_ids=torch.tensor([seq])).last_hidden_state[:, start:]  # (1, T, d)
+        T = u.shape[1]
+        emb = heads.embed(torch.tensor([seq[start:]]))
+        outs = []
+        for h in range(heads.n_heads):
+            k = h + 1
+            e = torch.zeros_like(emb)
+            e[:, : T - k] = emb[:, k:]
+            u = heads.head(h, e, u, torch.arange(T).unsqueeze(0))
+            outs.append(u[0])
+    return outs
+
+
 def test_drafter_cache_matches_unrolled_training(tiny_llama):
     """The heads' committed outputs built incrementally at inference equal the unrolled training computation."""
     t = tiny_llama
@@ -54,19 +71,10 @@ def test_drafter_cache_matches_unrolled_training(tiny_llama):
     dr = S4CDrafter(t, heads)
     toks, _ = run_to_end(t, prompt, dr, GenerationConfig(max_new_tokens=12))
     seq = prompt + toks[:-1]  # every position whose feature the drafter has seen
-    with torch.no_grad():
-        f = t.decoder(input_ids=torch.tensor([seq])).last_hidden_state  # (1, T, d)
-        T = f.shape[1]
-        emb = heads.embed(torch.tensor([seq]))
-        u = f
-        for h in range(3):
-            k = h + 1
-            e = torch.zeros_like(emb)
-            e[:, : T - k] = emb[:, k:]
-            u = heads.head(h, e, u, torch.arange(T).unsqueeze(0))
-            n_ok = dr.done[h]
-            assert n_ok >= len(prompt) - k
-            torch.testing.assert_close(dr.G[h][:n_ok], u[0, :n_ok], atol=2e-3, rtol=1e-2)
+    for h, want in enumerate(_unrolled_heads(t, heads, seq)):
+        n_ok = dr.done[h]
+        assert n_ok >= len(prompt) - (h + 1)
+        torch.testing.assert_close(dr.G[h][:n_ok], want[:n_ok], atol=2e-3, rtol=1e-2)
 
 
 def test_window_matches_training_crop_and_stays_lossless(tiny_llama):
@@ -83,20 +91,11 @@ def test_window_matches_training_crop_and_stays_lossless(tiny_llama):
     toks, _ = run_to_end(t, prompt, dr, cfg)
     assert toks == run_to_end(t, prompt, None, cfg)[0]
     start = len(prompt) - W
-    seq = prompt + toks[:-1]
-    with torch.no_grad():
-        f = t.decoder(input_ids=torch.tensor([seq])).last_hidden_state[:, start:]
-        T = f.shape[1]
-        emb = heads.embed(torch.tensor([seq[start:]]))
-        u = f
-        for h in range(3):
-            k = h + 1
-            e = torch.zeros_like(emb)
-            e[:, : T - k] = emb[:, k:]
-            u = heads.head(h, e, u, torch.arange(T).unsqueeze(0))
-            assert dr.caches[h].get_seq_length() == dr.done[h] - start  # only positions from the window on
-            torch.testing.assert_close(dr.G[h][start : dr.done[h]], u[0, : dr.done[h] - start], atol=2e-3, rtol=1e-2)
-            assert not dr.G[h][:start].any()
+    for h, want in enumerate(_unrolled_heads(t, heads, prompt + toks[:-1], start)):
+        n = dr.done[h] - start
+        assert dr.caches[h].get_seq_length() == n  # only positions from the window on
+        torch.testing.assert_close(dr.G[h][start : dr.done[h]], want[:n], atol=2e-3, rtol=1e-2)
+        assert not dr.G[h][:start].any()
 
 
 @pytest.mark.parametrize("kind", ["s4c", "chain", "eagle"])
