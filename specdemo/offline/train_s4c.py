@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 from specdemo.artifacts import architecture_hash
 from specdemo.drafters.s4c.heads import (
+    TRAINED_PROMPT,
     S4CHeads,
     load_heads,
     save_heads,
@@ -360,7 +361,7 @@ def register_train(subparsers) -> None:
     p.add_argument("--warmup", type=int, default=30)
     p.add_argument("--noise", type=float, default=0.0, help="Gaussian noise on head 1's input features (x std)")
     p.add_argument("--loss-weights", type=float, nargs=3, default=[0.1, 1.0, 1.0], metavar=("CE", "SOFT", "L1"))
-    p.add_argument("--max-prompt", type=int, default=160, help="prompt tokens kept before each answer")
+    p.add_argument("--max-prompt", type=int, default=TRAINED_PROMPT, help="prompt tokens kept before each answer")
     p.add_argument("--max-len", type=int, default=512)
     p.add_argument("--heldout-max", type=int, default=256, help="held-out records evaluated at most")
     p.add_argument("--seed", type=int, default=0)

@@ -46,6 +46,7 @@ from specdemo.drafters import DrafterUnavailable, Knob, Option, pld
 from specdemo.drafters.s4c.heads import (
     EMBEDDED_HEADS,
     S4CArtifactError,
+    TRAINED_PROMPT,
     S4CHeads,
     load_heads,
     mismatch,
@@ -315,14 +316,10 @@ def make(target: Target, heads: str | None = None, tree: str = "s4c", budget: in
         budget = _auto_budget(target)
         topk = max(int(topk), -(-budget // (2 * loaded.n_heads - 1)))  # an s4c tree holds (2H - 1) * topk nodes
     if window is None:
-        window = loaded.config.get("training", {}).get("max_prompt", TRAINED_WINDOW)
+        window = loaded.config.get("training", {}).get("max_prompt", TRAINED_PROMPT)
     return S4CDrafter(target, loaded, tree=str(tree), budget=int(budget), topk=int(topk), context=int(context),
                       dynamic=dynamic, calibration=Path(calibration) if calibration else None, window=int(window))
 
-
-# prompt tokens the trainer keeps before each answer (train_s4c --max-prompt's default), for heads whose config does
-# not record it
-TRAINED_WINDOW = 160
 
 # tau of the s4c tree by node budget on the embedded model with the shipped heads (scripts/s4c_tau.py, greedy)
 EXPECTED_TAU = {1: 1.45, 3: 1.75, 6: 2.0, 9: 2.15, 12: 2.25, 15: 2.3}
@@ -339,7 +336,8 @@ def _cached_heads(target: Target, source: str, bf16: bool = True) -> S4CHeads:
     """Heads loaded once per model and kept on it (they hold the model: a global cache would keep it alive), their
     linear layers on the CPU's packed path like the target's (a head call has 1-10 rows), in bf16 where asked for and
     the CPU has it: the heads only draft, and a head call streams its weights once per step."""
-    key = ("s4c-heads", source, bool(bf16))
+    bf16 = bool(bf16 and target.packed_linears)  # elsewhere the heads are in the target's dtype either way
+    key = ("s4c-heads", source, bf16)
     if key not in target.artifacts:
         heads = load_heads(target, source)
         if target.packed_linears:

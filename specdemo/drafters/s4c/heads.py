@@ -53,6 +53,9 @@ FORMAT = "specdemo-s4c"
 VERSION = 1
 ASSETS = PACKAGE_ASSETS / "s4c"
 EMBEDDED_HEADS = ASSETS / "smollm2-135m-instruct"
+# prompt tokens kept before each answer in training (`train s4c --max-prompt`'s default); the drafter's `window`
+# for heads whose config does not record theirs
+TRAINED_PROMPT = 160
 
 
 class S4CArtifactError(RuntimeError):
