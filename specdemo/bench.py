@@ -21,10 +21,10 @@ import torch
 from specdemo.budget import cost_curves, measure_cost_curves, pin_cost_curves
 from specdemo.drafters import METHODS, make_drafter
 from specdemo.engine import GenerationConfig, generate
+from specdemo.metrics import acceptance_by_depth, figures, runs_tokens_per_s
 from specdemo.prompts import has_groups, load_prompts, stratified
 from specdemo.sampling import SamplingConfig
 from specdemo.target import Target, load_target
-from specdemo.tree import DepthTally
 
 HF_METHODS = ("hf", "hf-pld")
 
@@ -103,7 +103,7 @@ def summarise(target: Target, methods: list[str], runs: dict[str, list[dict]], m
     "verify_s"[, "group"]}]}, one entry per prompt, AR included).  `groups` is {group: {method: {"speedup", "tau",
     "tokens_per_s", "identical", "prompts"}}} over the prompts that carry a group, in first-seen order ({} if none)."""
     ar = {r["id"]: r["tokens"] for r in runs["ar"]}
-    ar_tps = _tps(runs["ar"])
+    ar_tps = runs_tokens_per_s(runs["ar"])
     out = {"device": _device_name(target), "model": target.name, "dtype": str(target.dtype).replace("torch.", ""),
            "max_new_tokens": max_new_tokens, "sampling": vars(sampling), "prompts": len(runs["ar"]), "methods": {},
            "groups": {}}
@@ -113,7 +113,7 @@ def summarise(target: Target, methods: list[str], runs: dict[str, list[dict]], m
         verify = [s for r in rs for s in r["verify_s"]]
         same = [r["tokens"] == ar[r["id"]] for r in rs]
         out["methods"][m] = {
-            **{k: v for k, v in _figures(rs, ar, ar_tps).items() if k != "prompts"},
+            **{k: v for k, v in figures(rs, ar, ar_tps).items() if k != "prompts"},
             "draft_ms": 1e3 * statistics.median(draft) if draft else None,
             "verify_ms": 1e3 * statistics.median(verify) if verify else None,
             "acceptance_by_depth": acceptance_by_depth([a for r in rs for a in r["accept_lengths"]]),
@@ -123,33 +123,10 @@ def summarise(target: Target, methods: list[str], runs: dict[str, list[dict]], m
                            for r, s in zip(rs, same)],
         }
     for g in dict.fromkeys(r.get("group") for r in runs["ar"] if r.get("group")):
-        ar_g = _tps([r for r in runs["ar"] if r.get("group") == g])
-        out["groups"][g] = {m: _figures([r for r in runs[m] if r.get("group") == g], ar, ar_g) for m in methods}
+        ar_g = runs_tokens_per_s([r for r in runs["ar"] if r.get("group") == g])
+        out["groups"][g] = {m: figures([r for r in runs[m] if r.get("group") == g], ar, ar_g) for m in methods}
     out["cost_curves"] = cost_curves(target)  # what the drafters sized their drafts by (--cost-curves replays it)
     return out
-
-
-def _figures(rs: list[dict], ar_tokens: dict, ar_tps: float) -> dict:
-    """tokens/s, speedup against `ar_tps` (AR over the same prompts), tau and identical share over the runs `rs`."""
-    steps = sum(len(r["accept_lengths"]) for r in rs)
-    new = sum(len(r["tokens"]) for r in rs)
-    same = [r["tokens"] == ar_tokens[r["id"]] for r in rs]
-    return {"tokens_per_s": _tps(rs), "speedup": _tps(rs) / ar_tps if ar_tps else None,
-            "tau": new / steps if steps else None, "identical": sum(same) / len(same) if same else None,
-            "prompts": len(rs)}
-
-
-def acceptance_by_depth(accept_lengths: list[int], depth: int = 8) -> list[float]:
-    """Share of steps that accepted >= d draft tokens, d = 1..depth (a step's accept length counts its own token)."""
-    tally = DepthTally(depth)
-    for a in accept_lengths:
-        tally.add(depth, a - 1)
-    return [round(s, 4) for s in tally.share()]
-
-
-def _tps(rs: list[dict]) -> float:
-    wall = sum(r["wall_time"] for r in rs)
-    return sum(len(r["tokens"]) for r in rs) / wall if wall else 0.0
 
 
 def _device_name(target: Target) -> str:

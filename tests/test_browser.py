@@ -30,7 +30,7 @@ pytestmark = [
 @pytest.fixture(scope="module")
 def url(embedded):
     from specdemo.app.page import build_demo, launch_kwargs
-    from specdemo.app.session import MODELS
+    from specdemo.app.models import MODELS
 
     MODELS.put("embedded", embedded)
     with socket.socket() as s:
@@ -78,7 +78,7 @@ def test_race_in_the_browser(page):
 
     spans = page.locator("#sd-spec .sd-text .sd-acc")
     assert spans.count() > 0, "accepted draft tokens are highlighted"
-    assert re.search(r"step \d+ · accepted \d+ of \d+ drafted · source: context", spans.first.get_attribute("title"))
+    assert re.search(r"step \d+ · accepted \d+ of \d+ drafted · source: prompt", spans.first.get_attribute("title"))
     assert page.locator("#sd-spec .sd-text .sd-own").count() > 0  # the target's own tokens stay plain
     speedup = page.locator("#sd-summary .sd-card-value").first.inner_text()
     assert re.fullmatch(r"\d+\.\d\d×", speedup.strip()), speedup

@@ -5,8 +5,8 @@ import threading
 
 import pytest
 
-import specdemo.app.drawn as drawn
-from specdemo.app.drawn import DrawnUpdates, same_machine
+import specdemo.app.clocks.drawn as drawn
+from specdemo.app.clocks.drawn import DrawnUpdates, same_machine
 
 
 def test_a_marked_token_is_waited_for_and_spent():

@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from specdemo.app.gate import Busy, Gate
+from specdemo.app.clocks.gate import Busy, Gate
 
 
 def test_first_come_first_served_and_a_bounded_line():

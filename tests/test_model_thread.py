@@ -1,4 +1,4 @@
-"""All of the app's model work runs on one thread (app/model_thread.py): libgomp keeps a team of workers per calling
+"""All of the app's model work runs on one thread (app/clocks/model_thread.py): libgomp keeps a team of workers per calling
 thread, and more teams than cores make every op sleep and wake its workers (measured: AR ~25% slower in the app)."""
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import threading
 
 import pytest
 
-from specdemo.app import model_thread, session
+from specdemo.app import models, racing
+from specdemo.app.clocks import model_thread
 from specdemo.app.request import RaceRequest
 
 
@@ -70,16 +71,16 @@ def test_iterate_passes_errors_and_a_none_item_through():
 def test_a_race_loads_and_decodes_every_step_on_the_model_thread(embedded, monkeypatch):
     """Through run_race as the page and /race use it: the model's cost curve, each lane's every step."""
     threads: set[str] = set()
-    real_generate = session.generate
+    real_generate = racing.generate
 
     def spying_generate(*args, **kwargs):
         for ev in real_generate(*args, **kwargs):
             threads.add(_where())
             yield ev
 
-    monkeypatch.setattr(session, "generate", spying_generate)
-    monkeypatch.setattr(session, "measure_cost_curves", lambda target: threads.add(_where()))
-    session.MODELS.put("embedded", embedded)
-    records = list(session.run_race(RaceRequest("Count from one to five.", "pld", max_new_tokens=8)))
+    monkeypatch.setattr(racing, "generate", spying_generate)
+    monkeypatch.setattr(models, "measure_cost_curves", lambda target: threads.add(_where()))
+    models.MODELS.put("embedded", embedded)
+    records = list(racing.run_race(RaceRequest("Count from one to five.", ("pld",), max_new_tokens=8)))
     assert records[-1].status == "done", records[-1].message
     assert threads == {model_thread.call(_where)}

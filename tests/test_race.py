@@ -5,7 +5,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from specdemo.app.race import Piece, Race, Run, TextBuilder, summarize
+from specdemo.app.racing import Race
+from specdemo.app.record import Piece, Run, TextBuilder, groups_of
+from specdemo.metrics import summarize
 
 
 @dataclass
@@ -30,13 +32,13 @@ def test_always_advances_the_run_with_less_compute():
     race = Race({"ar": stream([1.0] * 6), "spec": stream([2.5, 2.5, 1.0], tokens_per_step=2)})
     order, spent = [], {"ar": 0.0, "spec": 0.0}
     for name, ev in race:
-        behind = min((n for n in spent if not race.runs[n].done or n == name), key=lambda n: spent[n])
+        behind = min((n for n in spent if n not in race.done or n == name), key=lambda n: spent[n])
         assert spent[name] <= spent[behind] + 1e-9  # never advance the run that is ahead
         spent[name] += ev.draft_s + ev.verify_s
         order.append(name)
     assert order == ["ar", "spec", "ar", "ar", "spec", "ar", "ar", "ar", "spec"]
-    assert race.finished
-    assert race.runs["ar"].compute_s == pytest.approx(6.0) and race.runs["spec"].compute_s == pytest.approx(6.0)
+    assert race.done == {"ar", "spec"}
+    assert race.compute["ar"] == pytest.approx(6.0) and race.compute["spec"] == pytest.approx(6.0)
 
 
 def test_ties_go_to_the_first_named_and_finished_runs_drop_out():
@@ -50,7 +52,7 @@ def test_generator_ending_without_a_finished_event_drops_out():
 
     race = Race({"a": cut(), "b": stream([1, 1, 1])})
     assert [n for n, _ in race] == ["a", "b", "b", "b"]
-    assert race.finished and race.advance() is None
+    assert race.done == {"a", "b"} and race.advance() is None
 
 
 def test_closing_the_race_closes_its_generators():
@@ -158,5 +160,5 @@ def test_text_builder_on_the_real_tokenizer(embedded):
 def test_groups_merge_a_steps_drafts_and_keep_its_own_token_apart():
     pieces = [Piece("a", 0, True, "ctx"), Piece("b", 0, True, "ctx"), Piece("c", 0, False, None),
               Piece("d", 1, False, None), Piece("e", 2, True, None), Piece("f", 2, True, "db")]
-    assert [(g.text, g.step, g.from_draft, g.source) for g in TextBuilder.groups_of(pieces)] == [
+    assert [(g.text, g.step, g.from_draft, g.source) for g in groups_of(pieces)] == [
         ("ab", 0, True, "ctx"), ("c", 0, False, None), ("d", 1, False, None), ("ef", 2, True, "db")]

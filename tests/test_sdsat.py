@@ -226,16 +226,16 @@ def test_peft_can_load_the_adapter(tiny_llama, tmp_path):
 
 
 # ---------------------------------------------------------------- losslessness
-@pytest.mark.parametrize("loop,branching,lookup,shape", [("fused", None, 0, "uniform"), ("fused", "2,2,1", 4, "uniform"),
+@pytest.mark.parametrize("loop,branching,prompt_lookup,shape", [("fused", None, 0, "uniform"), ("fused", "2,2,1", 4, "uniform"),
                                                          ("paper", "3,1,1", 0, "uniform"), ("fused", "6,2", 0, "main"),
                                                          ("fused", "4,1", 0, "fan")])
-def test_greedy_lossless_tiny(tiny, loop, branching, lookup, shape):
+def test_greedy_lossless_tiny(tiny, loop, branching, prompt_lookup, shape):
     ad = _noisy_adapter(tiny)
     cfg = GenerationConfig(max_new_tokens=40)
     for text in PROMPTS[:1]:
         prompt = tiny.encode_prompt(text)
         ref, _ = run_to_end(tiny, prompt, None, cfg)
-        d = SDSATDrafter(tiny, ad, k=3, loop=loop, branching=branching, lookup=lookup, shape=shape)
+        d = SDSATDrafter(tiny, ad, k=3, loop=loop, branching=branching, prompt_lookup=prompt_lookup, shape=shape)
         out, events = run_to_end(tiny, prompt, d, cfg)
         assert out == ref
         assert all(not ev.tree.is_probe(i) for ev in events for i in ev.accepted_nodes)
@@ -262,7 +262,7 @@ def test_device_default_tree_fits_the_cpu_budget(tiny_llama):
     d._pending = [list(range(100, 112))] * d.k  # a full set of ranked candidates for every depth
     tree = d.propose(type("S", (), {"tokens": [1, 2, 3]})())
     assert len(tree) <= 15 and sum(tree.is_probe(i) for i in range(len(tree))) == d.k * (d.chains + 1)
-    assert "context" not in tree.sources  # nothing to look up: no earlier match of a suffix
+    assert "prompt" not in tree.sources  # nothing to look up: no earlier match of a suffix
 
 
 def test_default_tree_grafts_prompt_lookup_scored_by_ngram_length(tiny_llama):
@@ -272,12 +272,12 @@ def test_default_tree_grafts_prompt_lookup_scored_by_ngram_length(tiny_llama):
     d._pending = [list(range(100, 112))] * d.k
     # the suffix 3-gram (5, 6, 7) occurred before, followed by 8, 9, 5, 6, 7: lookup's chain under the root
     tree = d.propose(type("S", (), {"tokens": [5, 6, 7, 8, 9, 5, 6, 7]})())
-    ctx = [i for i, s in enumerate(tree.sources) if s == "context"]
+    ctx = [i for i, s in enumerate(tree.sources) if s == "prompt"]
     assert [tree.tokens[i] for i in ctx] == [8, 9, 5, 6, 7] and tree.parents[ctx[0]] == -1
     assert all(tree.scores[i] == 3.0 for i in ctx)  # raw score: the matched n-gram's length
     assert len(tree) <= 15
-    assert len([s for s in make(tiny_llama, adapter=_noisy_adapter(tiny_llama), lookup=0, calibration="none")
-                .propose(type("S", (), {"tokens": [5, 6, 7, 8, 9, 5, 6, 7]})()).sources if s == "context"]) == 0
+    assert len([s for s in make(tiny_llama, adapter=_noisy_adapter(tiny_llama), prompt_lookup=0, calibration="none")
+                .propose(type("S", (), {"tokens": [5, 6, 7, 8, 9, 5, 6, 7]})()).sources if s == "prompt"]) == 0
 
 
 def test_sampling_lossless_tiny(tiny_llama):
@@ -323,7 +323,7 @@ def test_unavailable_without_adapter(tiny_llama):
 def test_published_fine_tunes_verify_with_themselves(tiny_llama, monkeypatch):
     """The paper's checkpoints (model_verifies): probes are plain rows of the adaptive token id, no adapter; the race
     is exact against the model's own AR, and the page says whose output that is."""
-    from specdemo.app.session import availability
+    from specdemo.app.models import availability
     from specdemo.drafters.sdsat import drafter as mod
 
     t = tiny_llama

@@ -7,17 +7,10 @@ import threading
 import pytest
 
 from specdemo import ASSETS
-from specdemo.app.gate import Gate
-from specdemo.app.page import (
-    MODEL_WORK,
-    MODEL_WORK_LIMIT,
-    QUEUE_SIZE,
-    _options,
-    on_generate,
-)
-from specdemo.app.plots import plots
-from specdemo.app.quiet_queue import POLL_S, PROGRESS_POLL_S, RACING_POLL_S, quiet
-from specdemo.app.race import TextBuilder, summarize
+from specdemo.app.page.handlers import RACE_OUTPUTS, on_race, options_of
+from specdemo.app.plots import PLOTS
+from specdemo.app.racing import lane_style, run_race
+from specdemo.app.record import LaneStyle, RaceRecord, TextBuilder, record_json
 from specdemo.app.render import (
     explain_step,
     pane_html,
@@ -26,15 +19,7 @@ from specdemo.app.render import (
     summary_html,
     tree_html,
 )
-from specdemo.app.request import MAX_SEED, UserError, race_request
-from specdemo.app.session import (
-    GATE,
-    MAX_WAITING,
-    RaceRecord,
-    RaceRequest,
-    record_json,
-    run_race,
-)
+from specdemo.app.request import MAX_SEED, RaceRequest, UserError, race_request
 from specdemo.drafters import REGISTRY, all_knobs, check_options, options
 from specdemo.engine import StepEvent
 from specdemo.tree import DraftTree
@@ -49,7 +34,7 @@ PROMPT = ("Summarise this paragraph in one sentence:\nThe Eiffel Tower is a wrou
 @pytest.fixture(autouse=True, scope="module")
 def shared_model(embedded):
     """The app uses the session's embedded model instead of loading a second copy."""
-    from specdemo.app.session import MODELS
+    from specdemo.app.models import MODELS
 
     MODELS.put("embedded", embedded)
 
@@ -62,31 +47,31 @@ VOCAB = {1: "Hi", 2: " <b>", 3: "&", 4: "\n", 5: "  x", 6: " y", 7: " z", 8: " q
 def fake_record() -> RaceRecord:
     """Two spec steps: step 0 drafts a tree (accepts 2 of it, then the target disagrees), step 1 drafts nothing."""
     decode = lambda ids: "".join(VOCAB[i] for i in ids)  # noqa: E731
-    rec = RaceRecord(RaceRequest("p", "pld", max_new_tokens=8))
+    rec = RaceRecord(RaceRequest("p", ("pld",), max_new_tokens=8))
+    rec.set_lanes({"pld": lane_style("pld")})
     rec.token_text = dict(VOCAB)
     rec.prompt_tail = [9]
-    tree = DraftTree([2, 3, 6, 8], [-1, 0, 1, -1], ["context"] * 4)  # chain 2→3→6 and a sibling 8
-    spec = [StepEvent(0, [2, 3, 4], [True, True, False], ["context", "context", None], tree, [0, 1], 0.001, 0.05, 5, 3),
+    tree = DraftTree([2, 3, 6, 8], [-1, 0, 1, -1], ["prompt"] * 4)  # chain 2→3→6 and a sibling 8
+    spec = [StepEvent(0, [2, 3, 4], [True, True, False], ["prompt", "prompt", None], tree, [0, 1], 0.001, 0.05, 5, 3),
             StepEvent(1, [5], [False], [None], DraftTree.empty(), [], 0.0, 0.04, 8, 4, "length")]
     ar = [StepEvent(i, [t], [False], [None], DraftTree.empty(), [], 0.0, 0.04, 5 + i, i + 1,
                     "length" if i == 3 else None) for i, t in enumerate([2, 3, 4, 5])]
-    for key, events in (("ar", ar), ("spec", spec)):
+    for key, events in (("ar", ar), ("pld", spec)):
         tb = TextBuilder(decode)
+        rec.pieces[key] = tb.pieces
         for ev in events:
-            rec.runs[key].add(ev)
             tb.add(ev.tokens, ev.step, ev.from_draft, ev.sources)
-        rec.pieces[key], rec.texts[key] = tb.pieces, tb.text
-    rec.summary = summarize(rec.runs["ar"], rec.runs["spec"])
+            rec.add(key, ev, tb.text)
     rec.status = "done"
     return rec
 
 
 def test_spans_are_escaped_shaded_per_step_and_keep_whitespace():
     rec = fake_record()
-    html = spans_html(rec, "spec")
+    html = spans_html(rec, "pld")
     assert "<b>" not in html and "&lt;b&gt;" in html and "&amp;" in html
     assert 'class="sd-acc sd-s0"' in html and 'class="sd-own"' in html
-    assert "accepted 2 of 4 drafted · source: context" in html
+    assert "accepted 2 of 4 drafted · source: prompt" in html
     assert "\n" in html and "  x" in html  # newlines and indentation are kept (the pane is white-space: pre-wrap)
     assert "nothing was drafted" in html  # step 2's token came from the target alone
     ar = spans_html(rec, "ar")
@@ -96,7 +81,7 @@ def test_spans_are_escaped_shaded_per_step_and_keep_whitespace():
 def test_panes_and_summary():
     rec = fake_record()
     assert "Press Generate" in pane_html(None, "ar")
-    spec = pane_html(rec, "spec")
+    spec = pane_html(rec, "pld")
     assert "<b>4</b> tokens" in spec and "<b>2</b> forwards" in spec and "Prompt lookup" in spec
     s = summary_html(rec)
     # speedup (4 / 0.091 s) / (4 / 0.16 s), τ 4 tokens / 2 forwards
@@ -106,17 +91,17 @@ def test_panes_and_summary():
 
 def test_tree_view_marks_accepted_rejected_and_the_targets_token():
     rec = fake_record()
-    html = tree_html(rec, 0)
+    html = tree_html(rec, 0, "pld")
     assert html.count('class="sd-t sd-t-acc') == 2  # the accepted chain 2 → 3
     assert html.count("sd-t-rej") == 1 and "␣y" in html  # the drafted " y" the target rejected (whitespace visible)
     assert html.count("sd-t-other") == 1  # the sibling branch " q", never reached
     assert html.count('class="sd-t sd-t-own"') == 1 and "★ ↵" in html  # the target's own token, a newline
     assert 'data-node="root"' in html and ">!<" in html  # the tree hangs off the prompt's last token
     assert html.count('class="sd-e-acc"') == 3  # root → 2 → 3 → the target's own token
-    assert "&lt;b&gt;" in html and "source: context" in html
-    text = explain_step(rec, 0)
+    assert "&lt;b&gt;" in html and "source: prompt" in html
+    text = explain_step(rec, 0, "pld")
     assert "proposed 4 tokens" in text and "2 branches" in text and "first 2" in text and "3 tokens for one" in text
-    assert "had no guess" in explain_step(rec, 1) and "max-new-tokens" in explain_step(rec, 1)
+    assert "had no guess" in explain_step(rec, 1, "pld") and "max-new-tokens" in explain_step(rec, 1, "pld")
     tree, expl, so_far = show_step(rec, 99)  # clamped to the last step
     assert "Step 2 of 2" in expl and "sd-now" in so_far
 
@@ -129,7 +114,7 @@ def test_a_64_node_tree_is_drawn_without_overlaps():
 
     rng = random.Random(0)
     parents = [-1] + [rng.randrange(-1, i) for i in range(1, 64)]
-    sources = [rng.choice(["datastore", "context", "head1", "head3", "adaptive"]) for _ in parents]
+    sources = [rng.choice(["datastore", "prompt", "head1", "head3", "adaptive"]) for _ in parents]
     probe = [False] * 60 + [True] * 4  # leaves hung last: probes never have draft children
     parents[60:] = [59, 59, 58, 58]
     tree = DraftTree(list(range(100, 164)), parents, sources, probe, [rng.random() for _ in parents])
@@ -141,16 +126,17 @@ def test_a_64_node_tree_is_drawn_without_overlaps():
     width, height = map(float, re.search(r'width="([\d.]+)" height="([\d.]+)"', svg).groups())
     assert all(x + BOX_W <= width and y + BOX_H <= height for x, y in boxes)
     assert svg.count('class="sd-t sd-t-acc') == len(accepted) and svg.count("sd-t-probe") == 4
-    assert svg.count("drafter's estimate") == 64 and "sd-k-datastore" in svg and "sd-k-head3" in svg
+    assert svg.count("drafter's estimate") == 64 and 'data-src="datastore"' in svg and 'data-src="head3"' in svg
 
 
-def test_spans_name_their_source():
-    from specdemo.app.tree_svg import source_kind
-
-    html = spans_html(fake_record(), "spec")
-    assert 'data-src="prompt"' in html and 'data-src="own"' in html
-    assert [source_kind(s) for s in (None, "context", "datastore", "head2", "head7", "adaptive", "x")] == \
-        ["own", "prompt", "datastore", "head2", "head4", "adaptive", "draft"]
+def test_spans_name_their_source_with_the_drafters_colours():
+    rec = fake_record()
+    html = spans_html(rec, "pld")
+    colour = {s.name: s for s in __import__("specdemo.drafters", fromlist=["sources"]).sources("pld")}["prompt"].colour
+    assert f'data-src="prompt" style="--sd-src-light:{colour}' in html and 'data-src="own"' in html
+    rec.runs["pld"].events[0].tree.sources[0] = "nowhere"
+    rec.pieces["pld"][0].source = "nowhere"  # a source the drafter did not declare shows as a plain accepted draft
+    assert 'data-src="draft"' in spans_html(rec, "pld")
 
 
 def test_export_has_spec_bench_fields():
@@ -163,23 +149,27 @@ def test_export_has_spec_bench_fields():
 
 
 def test_plot_frames_have_fixed_types():
-    curve, hist, times, depth = plots(fake_record())
-    assert set(curve["run"]) == {"autoregressive", "speculative"} and curve["compute (s)"].dtype.kind == "f"
+    rec = fake_record()
+    curve, hist, times, depth = (p.frame(rec, "pld") for p in PLOTS)
+    assert set(curve["run"]) == {"Autoregressive", "Prompt lookup"} and curve["compute (s)"].dtype.kind == "f"
     assert list(hist["tokens per step"]) == ["1", "3"] and list(hist["steps"]) == [1, 1]
     assert len(times) == 4 and set(times["phase"]) == {"draft", "verify"}
     # acceptance by depth: step 1 accepted 2 drafts, step 2 none -> half the steps reach 1 and 2, none 3
-    assert list(depth["share of steps"])[:3] == [0.5, 0.5, 0.0] and set(depth["run"]) == {"speculative"}
-    empty = plots(None)
-    assert set(empty[0]["run"]) == {"autoregressive", "speculative"} and len(empty[2]) == 0
-    assert len(empty[3]) == 8 and set(empty[3]["share of steps"]) == {0.0}
+    assert list(depth["share of steps"])[:3] == [0.5, 0.5, 0.0] and set(depth["run"]) == {"Prompt lookup"}
+    for plot in PLOTS:  # before any race: empty frames of the declared types
+        frame = plot.frame(None, None)
+        assert len(frame) == 0 and list(frame.columns) == list(plot.dtypes)
+        assert len(plot.title) <= 26  # fits its chart's box
+    colours = PLOTS[0].colours(rec)
+    assert colours["Prompt lookup"] == lane_style("pld").colour and colours["Autoregressive"] == "#9ca3af"
 
 
 def test_knobs_become_drafter_options():
     values = tuple(k.value for k in all_knobs())
-    assert _options("pld", values) == {"num_tokens": 10, "max_ngram": 3}
-    assert _options("rest", values) == {"max_suffix": 16}  # budget 0 = leave REST's own (cost-based) default
-    assert "budget" not in _options("s4c", values)  # 0 = the drafter's device default (11 nodes on CPU)
-    assert _options("s4c", tuple(9 if k.option == "budget" else k.value for k in all_knobs()))["budget"] == 9
+    assert options_of("pld", values) == {"num_tokens": 10, "max_ngram": 3}
+    assert options_of("rest", values) == {"max_suffix": 16}  # budget 0 = leave REST's own (cost-based) default
+    assert "budget" not in options_of("s4c", values)  # 0 = the drafter's device default (11 nodes on CPU)
+    assert options_of("s4c", tuple(9 if k.option == "budget" else k.value for k in all_knobs()))["budget"] == 9
 
 
 # ------------------------------------------------------------------------------------- input checks at the edge
@@ -232,7 +222,7 @@ def test_good_input_is_normalised():
                                                                           "datastore": "none"})
     assert req.method == "rest" and req.model == "embedded" and req.max_new_tokens == 16
     assert (req.sampling.temperature, req.sampling.top_p, req.sampling.top_k, req.sampling.seed) == (0.5, 0.9, 40, 0)
-    assert req.options == {"budget": 12, "use_context": False, "datastore": "none"}
+    assert req.options == {"rest": {"budget": 12, "use_context": False, "datastore": "none"}}
     assert race_request("Hi", seed=MAX_SEED).sampling.seed == MAX_SEED
 
 
@@ -248,9 +238,16 @@ def test_every_knob_is_a_declared_option_in_range():
         check_options("ar", {"budget": 3})
 
 
+KNOBS = tuple(k.value for k in all_knobs())
+
+
+def generate(mode="pld", prompt=SHORT, max_new_tokens=8, seed=0, request=None, user_store=None):
+    """The page's Generate (or Race all, with mode "all") as its handler sees it."""
+    return list(on_race(request, mode, "embedded", prompt, max_new_tokens, 0.0, 1.0, 0, seed, user_store, *KNOBS))
+
+
 def test_page_handler_shows_a_bad_input_message():
-    knobs = tuple(k.value for k in all_knobs())
-    out = list(on_generate("embedded", "pld", "Hello", 64, 0.0, 1.0, 0, 2**70, *knobs))
+    out = generate(prompt="Hello", max_new_tokens=64, seed=2**70)
     assert len(out) == 1 and "Seed must be an integer from 0 to 9223372036854775807" in out[0][3]
 
 
@@ -259,7 +256,7 @@ def test_page_handler_shows_a_bad_input_message():
 def test_run_race_streams_and_stops_within_one_step(embedded):
     stop = threading.Event()
     seen = []
-    for rec in run_race(RaceRequest(SHORT, "pld", max_new_tokens=16), stop):
+    for rec in run_race(RaceRequest(SHORT, ("pld",), max_new_tokens=16), stop):
         seen.append((rec.status, sum(r.forwards for r in rec.runs.values())))
         if rec.status == "running" and seen[-1][1] == 2:
             stop.set()
@@ -270,23 +267,38 @@ def test_run_race_streams_and_stops_within_one_step(embedded):
 def test_page_handler_throttles_and_ends_with_the_whole_run(embedded, monkeypatch):
     import gradio as gr
 
-    import specdemo.app.page as page
+    import specdemo.app.page.handlers as handlers
 
-    knobs = tuple(k.value for k in all_knobs())
-    monkeypatch.setattr(page, "TEXT_EVERY", 0.0)
-    every = list(on_generate("embedded", "pld", SHORT, 8, 0.0, 1.0, 0, 0, *knobs))
-    monkeypatch.setattr(page, "TEXT_EVERY", 3600.0)
-    few = list(on_generate("embedded", "pld", SHORT, 8, 0.0, 1.0, 0, 0, *knobs))
+    monkeypatch.setattr(handlers, "TEXT_EVERY", 0.0)
+    every = generate()
+    monkeypatch.setattr(handlers, "TEXT_EVERY", 3600.0)
+    few = generate()
     assert len(few) == 3 < len(every)  # throttled: the start, the first step (a status change), the end
     assert "racing" in every[2][0] or "racing" in every[2][1]
     for outs in (every, few):
-        final = outs[-1]
-        rec = final[7]
-        assert isinstance(rec, RaceRecord) and rec.status == "done" and rec.summary.identical
-        assert final[0] == pane_html(rec, "ar") and final[1] == pane_html(rec, "spec")  # the whole run, both panes
-        assert 'data-status="done"' in final[2] and "page and bookkeeping" in final[2]
-        assert not any(isinstance(x, type(gr.skip())) and x == gr.skip() for x in final[4:7])  # the plots redrawn
-        assert f"<b>{rec.runs['spec'].n_tokens}</b> tokens" in final[1] and rec.runs["spec"].n_tokens == 8
+        final = dict(zip(RACE_OUTPUTS, outs[-1]))
+        rec = final["record_state"]
+        assert isinstance(rec, RaceRecord) and rec.status == "done" and rec.summaries["pld"].identical
+        assert final["ar_pane"] == pane_html(rec, "ar") and final["spec_pane"] == pane_html(rec, "pld")
+        assert 'data-status="done"' in final["summary"] and "page and bookkeeping" in final["summary"]
+        assert not any(isinstance(final[p.name], type(gr.skip())) for p in PLOTS)  # the plots redrawn
+        assert f"<b>{rec.runs['pld'].n_tokens}</b> tokens" in final["spec_pane"] and rec.runs["pld"].n_tokens == 8
+
+
+def test_the_plots_draw_while_racing(embedded, monkeypatch):
+    """Every plot update mid-race carries the race so far (the first as soon as the first steps are in)."""
+    import specdemo.app.page.handlers as handlers
+
+    monkeypatch.setattr(handlers, "TEXT_EVERY", 0.0)
+    monkeypatch.setattr(handlers, "PLOT_EVERY", 0.0)
+    outs = [dict(zip(RACE_OUTPUTS, o)) for o in generate(max_new_tokens=12)]
+    mid = [o for o in outs[:-1] if not isinstance(o["curve_plot"], type(__import__("gradio").skip()))]
+    assert mid, "no plot update before the end"
+    for o in mid:
+        for p in PLOTS:
+            frame = o[p.name].value if hasattr(o[p.name], "value") else o[p.name]["value"]
+            data = frame["data"] if isinstance(frame, dict) else frame
+            assert len(data) > 0, f"{p.name} is empty mid-race"
 
 
 def _local_request(host: str = "127.0.0.1"):
@@ -298,13 +310,12 @@ def _local_request(host: str = "127.0.0.1"):
 def test_the_race_waits_for_a_local_page_to_draw_each_update(embedded, monkeypatch):
     import re
 
-    import specdemo.app.page as page
-    from specdemo.app.drawn import mark_drawn
+    import specdemo.app.page.handlers as handlers
+    from specdemo.app.clocks.drawn import mark_drawn
 
-    monkeypatch.setattr(page, "TEXT_EVERY", 0.0)
-    knobs = tuple(k.value for k in all_knobs())
+    monkeypatch.setattr(handlers, "TEXT_EVERY", 0.0)
     outs = []
-    for out in on_generate("embedded", "pld", SHORT, 8, 0.0, 1.0, 0, 0, *knobs, request=_local_request()):
+    for out in on_race(_local_request(), "pld", "embedded", SHORT, 8, 0.0, 1.0, 0, 0, None, *KNOBS):
         outs.append(out)
         token = re.search(r'data-update="(\w+)"', out[2])
         assert (token is None) == (out is outs[-1] and "done" in out[2])  # every update but the last asks for one
@@ -314,235 +325,36 @@ def test_the_race_waits_for_a_local_page_to_draw_each_update(embedded, monkeypat
 
 
 def test_a_page_that_does_not_answer_is_waited_for_once(embedded, monkeypatch):
-    import specdemo.app.drawn as drawn
-    import specdemo.app.page as page
+    import specdemo.app.clocks.drawn as drawn
+    import specdemo.app.page.handlers as handlers
 
-    monkeypatch.setattr(page, "TEXT_EVERY", 0.0)
+    monkeypatch.setattr(handlers, "TEXT_EVERY", 0.0)
     monkeypatch.setattr(drawn, "ACK_TIMEOUT", 0.05)
-    knobs = tuple(k.value for k in all_knobs())
-    outs = list(on_generate("embedded", "pld", SHORT, 8, 0.0, 1.0, 0, 0, *knobs, request=_local_request()))
+    outs = generate(request=_local_request())
     assert sum("data-update" in out[2] for out in outs) == 1 and 'data-drawn="0"' in outs[-1][2]
-    remote = list(on_generate("embedded", "pld", SHORT, 8, 0.0, 1.0, 0, 0, *knobs,
-                              request=_local_request("203.0.113.9")))
+    remote = generate(request=_local_request("203.0.113.9"))
     assert not any("data-update" in out[2] for out in remote)  # a browser elsewhere does not share the cores
 
 
-# ------------------------------------------------------------------------------------- the app, over HTTP
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def app(embedded):
-    from specdemo.app.page import build_demo, launch_kwargs
-
-    demo = build_demo()
-    _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=free_port(), quiet=True,
-                            **launch_kwargs())
-    yield demo, url
-    demo.close()
-
-
-@pytest.fixture(scope="module")
-def client(app):
-    from gradio_client import Client
-
-    return Client(app[1], verbose=False)
-
-
-def test_the_drawn_endpoint_releases_a_waiting_race(app):
-    import httpx
-
-    from specdemo.app.drawn import DRAWN
-
-    token = DRAWN.expect()
-    reply = httpx.post(app[1] + "gradio_api/run/drawn", json={"data": [token]}, timeout=30)
-    assert reply.status_code == 200
-    assert DRAWN.wait(token, timeout=5.0)
-
-
-def test_the_page_carries_the_early_script_before_gradios_modules(app):
-    import httpx
-
-    html = httpx.get(app[1], timeout=30).text
-    script = html.find("sdCalmedFrames")
-    assert 0 < script < html.find('<script type="module"')  # runs before Gradio's modules capture the frame function
-    assert html.count("sdCalmedFrames") == (ASSETS / "calm_trackers.js").read_text().count("sdCalmedFrames")
-    config = httpx.get(app[1] + "config", timeout=30)
-    assert config.status_code == 200 and "sdCalmedFrames" not in config.text  # only the page itself is changed
-
-
-def test_the_default_model_loads_before_the_server_starts(monkeypatch):
-    """Loading measures the cost curve that sizes the trees: it must not wait for the first visit, when the browser
-    rendering the new page shares the cores with the measurement."""
-    from specdemo.app import page
-
-    asked = []
-    monkeypatch.setattr(page.MODELS, "get", lambda name: asked.append(name))
-    page.build_demo("embedded")
-    assert asked == ["embedded"]
-
-
-def test_the_queue_polls_every_50_ms_and_slower_while_model_work_holds_the_gate(app, client):
-    demo, _ = app
-    assert demo._queue.sleep_when_free == POLL_S >= 0.02
-    assert demo._queue.progress_update_sleep_when_free == PROGRESS_POLL_S
-    with GATE.turn():
-        assert demo._queue.sleep_when_free == RACING_POLL_S > POLL_S
-    assert demo._queue.sleep_when_free == POLL_S
-    assert client.predict("Hi", "pld", "embedded", 4, api_name="/race")["status"] == "done"
-    assert demo._queue.sleep_when_free == POLL_S  # the race let go of the gate when it ended
-
-
-def test_quieting_a_queue_that_gradio_renamed_fails_loudly():
-    import gradio as gr
-
-    with gr.Blocks() as demo:
-        gr.Button()
-    demo.queue()
-    del demo._queue.sleep_when_free
-    with pytest.raises(RuntimeError, match="sleep_when_free"):
-        quiet(demo)
-
-
-def test_model_work_goes_through_the_gate(app):
-    demo, _ = app
-    assert demo._queue.max_size == QUEUE_SIZE and QUEUE_SIZE > MODEL_WORK_LIMIT > MAX_WAITING
-    deps = {d.api_name: d for d in demo.fns.values()}
-    for name in ("race", "generate"):
-        assert deps[name].concurrency_id == MODEL_WORK and deps[name].concurrency_limit == MODEL_WORK_LIMIT
-
-
-@pytest.mark.parametrize("args, expect", [
-    (("", "pld"), "prompt is empty"),
-    (("x" * 20_000, "pld"), "characters"),
-    (("Hello", "pld", "no-such-org/no-such-model-xyz"), "Cannot load model"),
-    (("Hello", "medusa"), "Unknown mode"),
-    (("Hello", "pld", "embedded", 64, 0.0, 1.0, 0, 2**70), "Seed must be an integer from 0 to 9223372036854775807"),
-    (("Hello", "pld", "embedded", 64, 0.0, 1.0, 0, 0, {"warp": 3}), "Its options: num_tokens"),
-    (("Hello", "rest", "embedded", 64, 0.0, 0.0), "Top-p must be a number above 0 and at most 1"),
-])
-def test_errors_come_back_as_messages(client, args, expect):
-    out = client.predict(*args, api_name="/race")
-    assert out["status"] == "error" and expect in out["message"]
-    assert set(out) >= {"ar", "spec", "summary", "model", "method"}
-
-
-def test_a_full_line_is_refused_with_a_message(client, monkeypatch):
-    import specdemo.app.session as session
-
-    gate = Gate(max_waiting=0)
-    holder = gate.join()
-    assert gate.wait(holder, 0) == 0  # someone else's race holds the gate; nobody may wait behind it
-    monkeypatch.setattr(session, "GATE", gate)
-    out = client.predict("Hello", "pld", api_name="/race")
-    assert out["status"] == "error" and "The demo is busy" in out["message"] and "at most 0" in out["message"]
-    page = list(on_generate("embedded", "pld", "Hello", 8, 0.0, 1.0, 0, 0, *(k.value for k in all_knobs())))
-    assert "The demo is busy" in page[-1][3]
-
-
-def test_a_queued_race_says_so_and_runs_when_its_turn_comes(embedded, monkeypatch):
-    import specdemo.app.session as session
-
-    gate = Gate(max_waiting=4)
-    holder = gate.join()
-    gate.wait(holder, 0)
-    monkeypatch.setattr(session, "GATE", gate)
-    stream = run_race(RaceRequest(SHORT, "pld", max_new_tokens=4))
-    first = next(stream)
-    assert first.status == "queued" and "Waiting for 1 request ahead of yours" in first.message
-    gate.leave(holder)
-    final = list(stream)[-1]
-    assert final.status == "done" and final.queue_wait_s > 0 and gate.waiting() == 0
-
-
-def test_missing_artifact_is_a_message(client, monkeypatch):
-    import specdemo.app.session as ui
-
-    reason = "No datastore for embedded: build it with `python -m specdemo datastore build`."
-    monkeypatch.setattr(ui, "unavailable_reason", lambda method, target: reason if method == "rest" else None)
-    out = client.predict("Hello", "rest", api_name="/race")
-    assert out["status"] == "error" and "unavailable" in out["message"] and "datastore build" in out["message"]
-
-
-def test_race_api_streams_a_greedy_prompt_lookup_run(client):
-    job = client.submit(PROMPT, "pld", "embedded", 32, 0.0, 1.0, 0, 0, {"num_tokens": 10}, api_name="/race")
-    updates = list(job)
-    running = [u for u in updates if u["status"] == "running"]
-    assert len(running) >= 2, "partial results must stream"
-    assert any(0 < u["spec"]["new_tokens"] < updates[-1]["spec"]["new_tokens"] for u in running)
-    final = updates[-1]
-    assert final["status"] == "done", final["message"]
-    s = final["summary"]
-    assert s["identical"] and s["complete"] and s["tau"] > 1.0 and s["speedup"] > 0
-    assert final["ar"]["text"] == final["spec"]["text"] and final["spec"]["new_tokens"] > 0
-    spans = final["spec"]["spans"]
-    assert any(sp["accepted_draft"] and sp["source"] == "context" for sp in spans), "accepted drafts are marked"
-    assert "".join(sp["text"] for sp in spans) == final["spec"]["text"]
-    run = final["run"]
-    assert set(run["runs"]) == {"ar", "pld"}
-    assert {"new_tokens", "wall_time", "accept_lengths"} <= set(run["runs"]["pld"])
-    assert run["settings"]["options"] == {"num_tokens": 10}
-
-
-def test_race_all_api_streams_every_available_lane(client, embedded):
-    from specdemo.app.session import availability
-
-    job = client.submit(PROMPT, "embedded", 12, 0.0, 1.0, 0, 0, {"pld": {"num_tokens": 10}}, None,
-                        api_name="/race_all")
-    updates = list(job)
-    final = updates[-1]
-    assert final["status"] == "done", final["message"]
-    avail = availability(embedded)
-    expected = {m for m in REGISTRY_NAMES if avail.get(m) is None}
-    assert set(final["lanes"]) == {"ar"} | expected and set(final["skipped"]) == set(REGISTRY_NAMES) - expected
-    ar = final["lanes"]["ar"]["text"]
-    for method in expected:
-        lane = final["lanes"][method]
-        assert lane["identical"] and lane["text"] == ar and lane["done"] and lane["speedup"] > 0
-        assert len(lane["acceptance_by_depth"]) == 8
-    assert set(final["run"]["board"]) == expected and final["run"]["settings"]["options"] == {"pld": {"num_tokens": 10}}
-    assert any(u["status"] == "running" for u in updates[:-1]), "partial results must stream"
-
-
-@pytest.mark.parametrize("args, expect", [
-    (dict(methods=["warp"]), "Unknown method 'warp'"),
-    (dict(options={"rest": 16}), "options must map a method to its options"),
-    (dict(options={"rest": {"budget": "abc"}}), "give an integer from 1 to 256"),
-    (dict(max_new_tokens=0), "Max new tokens must be an integer from 1 to 512"),
-])
-def test_race_all_errors_come_back_as_messages(client, args, expect):
-    call = dict(prompt=PROMPT, model="embedded", max_new_tokens=8, temperature=0.0, top_p=1.0, top_k=0, seed=0,
-                options=None, methods=None) | args
-    out = client.predict(*call.values(), api_name="/race_all")
-    assert out["status"] == "error" and expect in out["message"], out
-
-
 def test_race_all_in_the_page_handler(embedded, monkeypatch):
-    import specdemo.app.page as page
-    from specdemo.app.page import RACE_OUTPUTS, on_race_all
+    import specdemo.app.page.handlers as handlers
 
-    monkeypatch.setattr(page, "TEXT_EVERY", 3600.0)
-    knobs = tuple(k.value for k in all_knobs())
-    outs = list(on_race_all("embedded", SHORT, 8, 0.0, 1.0, 0, 0, *knobs))
+    monkeypatch.setattr(handlers, "TEXT_EVERY", 3600.0)
+    outs = generate(mode="all")
     final = dict(zip(RACE_OUTPUTS, outs[-1]))
     rec = final["record_state"]
-    assert rec.status == "done" and rec.request.race_all and len(rec.lanes) >= 3
+    assert rec.status == "done" and rec.request.race_all and len(rec.runs) >= 3
     assert all(s.identical for s in rec.summaries.values())
     lanes = final["lanes"]["value"] if isinstance(final["lanes"], dict) else final["lanes"].value
-    assert lanes.count('class="sd-lane"') == len(rec.lanes) and lanes.count("<tr data-lane=") == len(rec.lanes)
-    assert 'data-lanes="%d"' % len(rec.lanes) in final["summary"] and 'data-identical="1"' in final["summary"]
+    assert lanes.count('class="sd-lane"') == len(rec.runs) and lanes.count("<tr data-lane=") == len(rec.runs)
+    assert 'data-lanes="%d"' % len(rec.runs) in final["summary"] and 'data-identical="1"' in final["summary"]
     first = dict(zip(RACE_OUTPUTS, outs[0]))
     assert first["pair"].visible is False  # the two-pane view gives way to the lanes
     assert "<svg" in final["tree_view"]  # Step by step shows a lane of the race all
 
 
 def test_bench_tab_formats_run_bench_results(monkeypatch, embedded):
-    import specdemo.app.session as session
-    from specdemo.app.page import on_bench
+    import specdemo.app.page.handlers as handlers
 
     def fake_run_bench(target, methods, prompts, max_new_tokens, sampling=None, options=None, progress=None,
                        warmup=True):
@@ -553,9 +365,9 @@ def test_bench_tab_formats_run_bench_results(monkeypatch, embedded):
         return {"device": "cpu", "model": target.name,
                 "methods": {"ar": row(10.0, 1.0, 1.0), "pld": row(15.0, 1.5, 2.5)}}
 
-    monkeypatch.setattr(session, "run_bench", fake_run_bench)
-    table, bars, note, download = on_bench("embedded", ["pld"], ["Code"], 16, progress=lambda *a, **k: None)
+    monkeypatch.setattr(handlers, "run_bench", fake_run_bench)
+    table, bars, note, download = handlers.on_bench("embedded", ["pld"], ["Code"], 16, progress=lambda *a, **k: None)
     assert list(table["method"]) == ["Autoregressive", "Prompt lookup"] and list(table["identical"]) == ["100%", "100%"]
     assert "1.50×" in bars and "Speedup" in bars and "1 prompts" in note
-    table, bars, note, download = on_bench("embedded", [], ["Code"], 16, progress=lambda *a, **k: None)
+    table, bars, note, download = handlers.on_bench("embedded", [], ["Code"], 16, progress=lambda *a, **k: None)
     assert "at least one method" in note and len(table) == 0

@@ -1,17 +1,29 @@
-"""HTML for the page: the two panes, the summary, the step-by-step tree and explanation, the bench bars."""
+"""HTML for the page: the panes (two, or one lane per run in a race of every method), the summary, the step-by-step
+tree and explanation, the bench bars.  It reads the race record only: labels, plot colours and draft sources come
+in the record's lane styles, so a newly registered drafter renders with its own names and colours."""
 from __future__ import annotations
 
 import html
 
-from specdemo.app.race import TextBuilder
-from specdemo.app.session import MODES, RaceRecord
-from specdemo.app.tree_svg import source_kind, tree_svg
-from specdemo.drafters import LABELS
-from specdemo.target import Target
+from specdemo.app.record import AR, RaceRecord, groups_of
+from specdemo.app.tree_svg import tree_svg
+
+OWN_STYLE = ("own", "the target's own", "#fef3c7", "#713f12")  # how the target's own tokens look by source
 
 
 def _esc(text: str) -> str:
     return html.escape(text, quote=True)
+
+
+def _source_attrs(rec: RaceRecord, lane: str, source: str | None) -> str:
+    """data-src and the source's colours as CSS variables, which the page's "colour by source" switch shows; a source
+    the lane's drafter did not declare shows as a plain accepted draft."""
+    styles = {name: (light, dark) for name, _, light, dark in (OWN_STYLE, *rec.styles[lane].sources)}
+    name = source or "draft"
+    if name not in styles:
+        return ' data-src="draft"'
+    light, dark = styles[name]
+    return f' data-src="{_esc(name)}" style="--sd-src-light:{light};--sd-src-dark:{dark}"'
 
 
 def spans_html(rec: RaceRecord, key: str) -> str:
@@ -19,41 +31,48 @@ def spans_html(rec: RaceRecord, key: str) -> str:
     span also names its source (data-src), which the page's "colour by source" switch shows instead."""
     run = rec.runs[key]
     out = []
-    for p in TextBuilder.groups_of(rec.pieces[key]):
+    for p in groups_of(rec.pieces[key]):
         if not p.text:
             continue
         ev = run.events[p.step]
         text = _esc(p.text)
-        if key == "ar":
+        if key == AR:
             out.append(text)
         elif p.from_draft:
             tip = (f"step {p.step + 1} · accepted {ev.accepted} of {ev.tree_size} drafted · "
                    f"source: {p.source or 'draft'}")
-            out.append(f'<span class="sd-acc sd-s{p.step % 2}" data-step="{p.step + 1}" '
-                       f'data-src="{source_kind(p.source or "draft")}" title="{_esc(tip)}">{text}</span>')
+            out.append(f'<span class="sd-acc sd-s{p.step % 2}" data-step="{p.step + 1}"'
+                       f'{_source_attrs(rec, key, p.source)} title="{_esc(tip)}">{text}</span>')
         else:
             tip = (f"step {p.step + 1} · the target's own token · accepted {ev.accepted} of {ev.tree_size} drafted"
                    if ev.tree_size else f"step {p.step + 1} · the target's own token · nothing was drafted")
-            out.append(f'<span class="sd-own" data-step="{p.step + 1}" data-src="own" title="{_esc(tip)}">'
-                       f'{text}</span>')
+            out.append(f'<span class="sd-own" data-step="{p.step + 1}"{_source_attrs(rec, key, "own")} '
+                       f'title="{_esc(tip)}">{text}</span>')
     return "".join(out)
 
 
-SOURCE_NAMES = {"prompt": "the prompt", "datastore": "datastore", "head1": "head 1", "head2": "head 2",
-                "head3": "head 3", "head4": "head 4+", "adaptive": "adaptive token", "draft": "draft",
-                "own": "the target's own"}
-LEGEND = ('<div class="sd-legend sd-legend-step"><span class="sd-acc sd-s0">accepted</span><span class="sd-acc sd-s1">'
-          'draft</span> tokens (shade alternates per step) · plain = the target\'s own token · hover for details</div>'
-          '<div class="sd-legend sd-legend-source">'
-          + "".join(f'<span data-src="{k}">{v}</span>' for k, v in SOURCE_NAMES.items() if k != "draft")
-          + ' · hover for details</div>')
+STEP_LEGEND = ('<div class="sd-legend sd-legend-step"><span class="sd-acc sd-s0">accepted</span><span '
+               'class="sd-acc sd-s1">draft</span> tokens (shade alternates per step) · plain = the target\'s own token '
+               '· hover for details</div>')
+
+
+def legend_html(rec: RaceRecord, lanes: list[str]) -> str:
+    """Both legends (the page's colour switch shows one): by step, and by the sources of `lanes`' drafters."""
+    seen = {}
+    for lane in lanes:
+        for name, label, light, dark in rec.styles[lane].sources:
+            seen.setdefault(name, (label, light, dark))
+    seen.setdefault(OWN_STYLE[0], OWN_STYLE[1:])
+    items = "".join(f'<span data-src="{_esc(n)}" style="--sd-src-light:{light};--sd-src-dark:{dark}">{_esc(label)}'
+                    f'</span>' for n, (label, light, dark) in seen.items())
+    return f'{STEP_LEGEND}<div class="sd-legend sd-legend-source">{items} · hover for details</div>'
 
 
 def pane_html(rec: RaceRecord | None, key: str) -> str:
     """One side of the race: title, live stats, a progress bar and the streamed text."""
-    title = _lane_title(rec, key) if rec else ("Autoregressive" if key == "ar" else "Speculative")
-    badge = "baseline · one token per forward" if key == "ar" else "speculative · drafts verified in one forward"
-    if rec is None or (rec.status == "error" and not rec.runs[key].events):
+    title = rec.label(key) if rec and key in rec.runs else ("Autoregressive" if key == AR else "Speculative")
+    badge = "baseline · one token per forward" if key == AR else "speculative · drafts verified in one forward"
+    if rec is None or key not in rec.runs or (rec.status == "error" and not rec.runs[key].events):
         body = '<span class="sd-placeholder">Press Generate to start the race.</span>'
         stats = ""
         pct = 0.0
@@ -67,7 +86,7 @@ def pane_html(rec: RaceRecord | None, key: str) -> str:
         body = spans_html(rec, key) or '<span class="sd-placeholder">…</span>'
         if run.done:
             pct = 100.0
-    legend = LEGEND if key != "ar" and not (rec and rec.request.race_all) else ""
+    legend = legend_html(rec, [key]) if rec and key in rec.runs and key != AR and not rec.request.race_all else ""
     return (f'<div class="sd-pane sd-pane-{key}"><div class="sd-pane-head"><span class="sd-pane-title">{_esc(title)}'
             f'</span><span class="sd-badge">{badge}</span></div><div class="sd-stats">{stats}</div>'
             f'<div class="sd-bar"><div style="width:{pct:.1f}%"></div></div>{legend}'
@@ -77,15 +96,15 @@ def pane_html(rec: RaceRecord | None, key: str) -> str:
 def summary_html(rec: RaceRecord | None, update: str | None = None, drawn: int = 0) -> str:
     """Speedup, τ, forwards saved and the identical-output check; live while racing, final at the end.
 
-    `update` is the token the page acknowledges once it has drawn this update (app/drawn.py); `drawn` counts the
+    `update` is the token the page acknowledges once it has drawn this update (app/clocks/drawn.py); `drawn` counts the
     race's updates acknowledged so far."""
     ack = f' data-update="{update}"' if update else ""
-    if rec is None or (rec.summary is None and not (rec.request.race_all and rec.summaries)):
+    if rec is None or not rec.summaries:
         return (f'<div class="sd-summary sd-muted"{ack}>The decoders run interleaved in one process; the one that '
                 'has used less compute so far always goes next, so each pane grows at its true speed.</div>')
     if rec.request.race_all:
         return _board_summary_html(rec, ack, drawn)
-    s = rec.summary
+    s = rec.summaries[rec.chosen_lane()]
     final = not rec.active
     note = _progress_word(rec)
     speed = "–" if s.speedup is None else f"{s.speedup:.2f}×"
@@ -128,20 +147,20 @@ def _clock_html(rec: RaceRecord) -> str:
 def _board_summary_html(rec: RaceRecord, ack: str, drawn: int) -> str:
     """A race all's summary cards: the fastest lane, the lanes still racing, and whether every output matches AR."""
     note = _progress_word(rec)
-    best = max(rec.spec_lanes, key=lambda k: rec.runs[k].tokens_per_s)
+    best = rec.chosen_lane()
     s = rec.summaries[best]
     identical = all(x.identical for x in rec.summaries.values())
     racing = sum(not r.done for r in rec.runs.values())
     cards = [
-        ("Fastest", LABELS.get(rec.lanes[best], best), f"{s.speedup or 0:.2f}× vs autoregressive ({note})",
+        ("Fastest", rec.label(best), f"{s.speedup or 0:.2f}× vs autoregressive ({note})",
          "sd-big" if not rec.active else ""),
-        ("Lanes", f"{len(rec.lanes)}", f"{racing} still racing" if racing else "all finished", ""),
-        ("Best τ", f"{max(rec.runs[k].tau for k in rec.spec_lanes):.2f}", "tokens per target forward", ""),
+        ("Lanes", f"{len(rec.runs)}", f"{racing} still racing" if racing else "all finished", ""),
+        ("Best τ", f"{max(rec.runs[k].tau for k in rec.method_lanes):.2f}", "tokens per target forward", ""),
         ("Outputs", "✓ all identical" if identical else "✗ some differ", "every lane vs autoregressive",
          "sd-ok" if identical else "sd-bad"),
     ]
     inner = _cards_html(cards)
-    data = (f'data-status="{rec.status}" data-lanes="{len(rec.lanes)}" data-identical="{int(identical)}" '
+    data = (f'data-status="{rec.status}" data-lanes="{len(rec.runs)}" data-identical="{int(identical)}" '
             f'data-wall-s="{rec.wall_s:.3f}" data-page-s="{rec.other_s:.3f}" data-drawn="{drawn}"{ack}')
     return f'<div class="sd-summary" {data}>{inner}{_clock_html(rec)}</div>'
 
@@ -151,7 +170,7 @@ def lanes_html(rec: RaceRecord | None) -> str:
     if rec is None or not rec.request.race_all:
         return ""
     rows = []
-    ranked = sorted(rec.lanes, key=lambda k: -rec.runs[k].tokens_per_s)
+    ranked = sorted(rec.runs, key=lambda k: -rec.runs[k].tokens_per_s)
     for place, key in enumerate(ranked, 1):
         run, s = rec.runs[key], rec.summaries.get(key)
         draft = sum(e.draft_s for e in run.events)
@@ -160,22 +179,18 @@ def lanes_html(rec: RaceRecord | None) -> str:
         same = "–" if s is None else ("✓" if s.identical else f"✗ at {s.first_difference}")
         speedup = 1.0 if key == "ar" else s.speedup if s else None
         speed = "–" if speedup is None else f"{speedup:.2f}×"
-        rows.append(f'<tr data-lane="{rec.lanes[key]}" data-tps="{run.tokens_per_s:.4f}" '
-                    f'data-speedup="{speedup or 0:.4f}"><td>{place}</td><td>{_esc(_lane_title(rec, key))}</td>'
+        rows.append(f'<tr data-lane="{key}" data-tps="{run.tokens_per_s:.4f}" '
+                    f'data-speedup="{speedup or 0:.4f}"><td>{place}</td><td>{_esc(rec.label(key))}</td>'
                     f'<td>{run.tokens_per_s:.1f}</td><td><b>{speed}</b></td><td>{run.tau:.2f}</td><td>{same}</td>'
                     f'<td>{share}</td><td>{run.forwards}</td><td>{"done" if run.done else "racing…"}</td></tr>')
     board = ('<table class="sd-board"><thead><tr><th>#</th><th>run</th><th>tok/s</th><th>speedup</th><th>τ</th>'
              '<th>identical</th><th>draft / verify</th><th>forwards</th><th></th></tr></thead>'
              f'<tbody>{"".join(rows)}</tbody></table>')
-    skipped = "".join(f'<div class="sd-mode-off"><b>{_esc(LABELS.get(m, m))}</b> not raced: {_esc(why)}</div>'
-                      for m, why in rec.skipped.items())
-    lanes = "".join(f'<div class="sd-lane" data-lane="{rec.lanes[k]}">{pane_html(rec, k)}</div>' for k in rec.lanes)
-    return (f'<div class="sd-lanes">{board}<div class="sd-modes">{skipped}</div>{LEGEND}'
+    skipped = "".join(f'<div class="sd-mode-off"><b>{_esc(label)}</b> not raced: {_esc(why)}</div>'
+                      for label, why in rec.skipped.items())
+    lanes = "".join(f'<div class="sd-lane" data-lane="{k}">{pane_html(rec, k)}</div>' for k in rec.runs)
+    return (f'<div class="sd-lanes">{board}<div class="sd-modes">{skipped}</div>{legend_html(rec, rec.method_lanes)}'
             f'<div class="sd-lane-grid">{lanes}</div></div>')
-
-
-def _lane_title(rec: RaceRecord, key: str) -> str:
-    return "Autoregressive" if key == "ar" else LABELS.get(rec.lanes[key], rec.lanes[key])
 
 
 def message_html(text: str | None, kind: str = "error") -> str:
@@ -184,25 +199,26 @@ def message_html(text: str | None, kind: str = "error") -> str:
     return f'<div class="sd-msg sd-msg-{kind}">{_esc(text)}</div>'
 
 
-def header_html(target: Target | None, error: str | None = None) -> str:
-    chip = (f'<span class="sd-chip">{_esc(target.describe())}</span>' if target
+def header_html(model: str | None, error: str | None = None) -> str:
+    """The title and the loaded model's description (`Target.describe()`), or why none is loaded."""
+    chip = (f'<span class="sd-chip">{_esc(model)}</span>' if model
             else f'<span class="sd-chip sd-chip-bad">{_esc(error or "no model loaded")}</span>')
     return (f'<div class="sd-header"><div><h1>specdemo <span>· speculative decoding, made visible</span></h1>'
             f'<p>A small model drafts, the big one checks many tokens in one pass: same output, fewer passes. '
             f'Race it against plain decoding and watch every step.</p></div>{chip}</div>')
 
 
-def modes_html(avail: dict[str, str | None]) -> str:
+def modes_html(avail: dict[str, str | None], labels: dict[str, str]) -> str:
     """The modes that cannot run on this model, each with its reason (and the command that fixes it)."""
-    off = [m for m in MODES if avail.get(m)]
-    rows = [f'<div class="sd-mode-off"><b>{_esc(LABELS.get(m, m))}</b> {_esc(avail[m])}</div>' for m in off]
+    off = [m for m, why in avail.items() if why and ":" not in m]
+    rows = [f'<div class="sd-mode-off"><b>{_esc(labels.get(m, m))}</b> {_esc(avail[m])}</div>' for m in off]
     # grey out and disable those choices in the radio above (its inputs carry the method as their value)
     style = "".join(f'#sd-mode label:has(input[value="{m}"]) {{ opacity: .45; pointer-events: none; '
                     f'border-style: dashed; }}' for m in off)
     return f'<style>{style}</style><div class="sd-modes">{"".join(rows)}</div>' if rows else ""
 
 
-def _root_token(rec: RaceRecord, k: int, lane: str = "spec") -> int | None:
+def _root_token(rec: RaceRecord, k: int, lane: str) -> int | None:
     """The newest committed token before step k of `lane` (the tree hangs off it)."""
     for ev in reversed(rec.runs[lane].events[:k]):
         if ev.tokens:
@@ -218,7 +234,7 @@ TREE_LEGEND = ('<div class="sd-tree-legend"><span class="sd-node sd-n-root">root
                'accepted · hover a node for its source</span></div>')
 
 
-def tree_html(rec: RaceRecord, k: int, lane: str = "spec") -> str:
+def tree_html(rec: RaceRecord, k: int, lane: str) -> str:
     """The verified tree of step k, drawn (tree_svg): accepted path green, the drafts the target rejected red, its
     own token starred, probes dashed, each node's source and score in its tooltip."""
     ev = rec.runs[lane].events[k]
@@ -227,10 +243,10 @@ def tree_html(rec: RaceRecord, k: int, lane: str = "spec") -> str:
     return f'<div class="sd-tree">{TREE_LEGEND}<div class="sd-tree-scroll">{svg}</div></div>'
 
 
-def explain_step(rec: RaceRecord, k: int, lane: str = "spec") -> str:
+def explain_step(rec: RaceRecord, k: int, lane: str) -> str:
     """Plain-language account of step k of a speculative lane (markdown)."""
     ev = rec.runs[lane].events[k]
-    label = LABELS.get(rec.lanes[lane], rec.lanes[lane])
+    label = rec.label(lane)
     tt = rec.token_text
     q = lambda toks: "“" + "".join(tt.get(t, "") for t in toks).replace("\n", "↵") + "”"  # noqa: E731
     n, d, a = len(ev.tokens), ev.tree_size, ev.accepted
@@ -279,32 +295,20 @@ def explain_step(rec: RaceRecord, k: int, lane: str = "spec") -> str:
     return " ".join(parts)
 
 
-def step_text_html(rec: RaceRecord, k: int, lane: str = "spec") -> str:
+def step_text_html(rec: RaceRecord, k: int, lane: str) -> str:
     """The lane's text up to step k, step k's tokens outlined."""
     out = []
-    for p in TextBuilder.groups_of([p for p in rec.pieces[lane] if p.step <= k]):
+    for p in groups_of([p for p in rec.pieces[lane] if p.step <= k]):
         if p.text:
             cls = (f"sd-acc sd-s{p.step % 2}" if p.from_draft else "sd-own") + (" sd-now" if p.step == k else "")
-            src = source_kind(p.source or "draft") if p.from_draft else "own"
-            out.append(f'<span class="{cls}" data-src="{src}">{_esc(p.text)}</span>')
+            attrs = _source_attrs(rec, lane, p.source if p.from_draft else "own")
+            out.append(f'<span class="{cls}"{attrs}>{_esc(p.text)}</span>')
     return f'<div class="sd-scroll sd-scroll-small"><div class="sd-text">{"".join(out)}</div></div>'
 
 
-def step_lane(rec: RaceRecord | None, lane: str | None = None) -> str | None:
-    """The speculative lane Step by step shows: `lane` (a lane key or its method) when the record has it, else
-    "spec" in a race of one method, else the fastest lane of a race all."""
-    if rec is None or not rec.spec_lanes:
-        return None
-    for key, method in rec.lanes.items():
-        if key != "ar" and lane in (key, method):
-            return key
-    if "spec" in rec.lanes:
-        return "spec"
-    return max(rec.spec_lanes, key=lambda key: rec.runs[key].tokens_per_s)
-
-
 def show_step(rec: RaceRecord | None, k: float | None, lane: str | None = None) -> tuple[str, str, str]:
-    key = step_lane(rec, lane)
+    """Step k (from 1) of a method lane: its tree, the account of it, and the text so far."""
+    key = rec.chosen_lane(lane) if rec is not None else None
     if key is None or not rec.runs[key].events:
         empty = ('<div class="sd-muted">Run a race first: every verification step of the speculative run shows '
                  'here.</div>')
@@ -314,12 +318,12 @@ def show_step(rec: RaceRecord | None, k: float | None, lane: str | None = None) 
     return tree_html(rec, k, key), explain_step(rec, k, key), step_text_html(rec, k, key)
 
 
-def bench_bars_html(speedups: dict[str, float]) -> str:
-    """Speedup per method as horizontal bars, with the 1.0× line (autoregressive) marked."""
+def bench_bars_html(speedups: dict[str, float], baseline: str = "Autoregressive") -> str:
+    """Speedup per method as horizontal bars, with the 1.0× line (the `baseline`) marked."""
     top = max([1.0, *speedups.values()]) * 1.1
     rows = "".join(
         f'<div class="sd-bb-row"><span class="sd-bb-name">{_esc(name)}</span><span class="sd-bb-track">'
-        f'<span class="sd-bb-bar{" sd-bb-base" if v == 1.0 and name == LABELS["ar"] else ""}" '
+        f'<span class="sd-bb-bar{" sd-bb-base" if v == 1.0 and name == baseline else ""}" '
         f'style="width:{100 * v / top:.1f}%"></span><span class="sd-bb-one" style="left:{100 / top:.1f}%"></span>'
         f'</span><b>{v:.2f}×</b></div>' for name, v in speedups.items())
     return f'<div class="sd-bb"><div class="sd-bb-title">Speedup vs autoregressive</div>{rows}</div>'

@@ -15,7 +15,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specdemo.offline.build_datastore import (
+from specdemo.drafters.rest.build import (
     TEXT_SUFFIXES,
     build_from_paths,
     collect_files,
