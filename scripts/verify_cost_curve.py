@@ -10,17 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from specdemo.engine import prefilled_cache, trial_forward  # noqa: E402
-from specdemo.target import load_target  # noqa: E402
-from specdemo.tree import DraftTree  # noqa: E402
+from specdemo.engine import prefilled_cache, trial_forward
+from specdemo.target import load_target
+from specdemo.tree import DraftTree
 
 
 def main(argv=None) -> int:

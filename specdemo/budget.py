@@ -11,21 +11,76 @@ tree size from the measured curve, or it ends up slower than AR.
     cost_at(rel, n)                   -> relative cost of an n-node tree, interpolated
     best_size(probs, rel)             -> how many nodes of a best-first order pay for their verification
     cut_to_cost(tree, rel)            -> a scored tree cut to that many nodes (EAGLE-2-style dynamic size, per step)
+    TREE_SIZES, default_sizing(target, method, dynamic, budget) -> every tree drafter's default size per device
 """
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
 
+from specdemo.calibration import available as calibration_available
 from specdemo.calibration import load as load_calibration
 from specdemo.engine import prefilled_cache, trial_forward
 from specdemo.tree import DraftTree
 
-GPU_BUDGET = 64
+GPU_BUDGET = 64  # REST's paper budget; on a GPU a 64-node verification costs about a 1-token step
 DEFAULT_SIZES = (0, 1, 2, 4, 8, 16, 32)  # larger trees: extrapolated (cost_at); never worth it on CPU
 CURVE_SIZES = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # the curve per-step tree sizing reads (cut_to_cost)
+
+
+@dataclass(frozen=True)
+class TreeSize:
+    """A drafter's default tree size on one kind of device.  Each field is the default of the `make` option that
+    the drafter leaves unset (None: the drafter has no such option)."""
+
+    budget: int | None = None  # nodes per step of a fixed-size tree (per-step sizing off, or no calibration)
+    dynamic_cap: int | None = None  # the budget when each step sizes its own tree: only a cap (cut_to_cost decides)
+    shape: dict = field(default_factory=dict)  # further `make` defaults that set the tree's size (SDSAT: k, chains...)
+
+
+# The one table of tree-size defaults, by drafter and device ("cpu", or "gpu" for any accelerator).
+#   REST, CPU: a fixed 16-node tree costs ~1.4x an AR step on the 2-core dev machine; sized per step, 24 is the cap.
+#   S4C, CPU: 11 -- a verification of 12 rows (root + 11) sits in a cheap spot of the measured cost curve (row counts
+#     3, 7, 11, 15 are slow kernel cases), and 11 nodes keep most of the tau of 15 at less cost (docs/s4c.md,
+#     docs/benchmarks.md); sized per step, the cap of 16 holds the whole s4c tree.  GPU: 15, extra nodes almost free.
+#   SDSAT, CPU: 9 nodes -- 4 candidates at depth 1, one at depth 2 under the top-1, probe chains of 2 under the root
+#     and under the top-1.  Side by side on assets/prompts/tune.jsonl (training prompts, shipped gate/up adapter;
+#     docs/sdsat.md) the 6-14-node shapes tried all gave 1.25-1.40x; this one 1.37x at tau 1.74.  GPU: nodes are
+#     nearly free, k chains everywhere.  prompt_lookup (NOT in the paper): prompt lookup's continuation of up to 6
+#     tokens grafted next to the probes' drafts; on 10 ShareGPT tuning prompts (docs/sdsat.md) it lifted tau
+#     1.54 -> 1.67 and 1.20x -> 1.32x; 4 and 10 tokens did the same within noise.
+TREE_SIZES: dict[str, dict[str, TreeSize]] = {
+    "rest": {"cpu": TreeSize(budget=16, dynamic_cap=24), "gpu": TreeSize(budget=GPU_BUDGET, dynamic_cap=GPU_BUDGET)},
+    "s4c": {"cpu": TreeSize(budget=11, dynamic_cap=16), "gpu": TreeSize(budget=15, dynamic_cap=15)},
+    "sdsat": {"cpu": TreeSize(shape={"k": 2, "chains": 1, "branching": "4,1", "shape": "main", "prompt_lookup": 6}),
+              "gpu": TreeSize(shape={"k": 4, "chains": -1, "branching": None, "shape": "uniform", "prompt_lookup": 6})},
+}
+
+
+def device_kind(target) -> str:
+    """The tree-size table's device key: "cpu", or "gpu" for any accelerator."""
+    return "cpu" if target.device.type == "cpu" else "gpu"
+
+
+def tree_size(target, method: str) -> TreeSize:
+    """`method`'s default tree size on `target`'s device."""
+    return TREE_SIZES[method][device_kind(target)]
+
+
+def default_sizing(target, method: str, dynamic: bool | None, budget=None) -> tuple[bool, object]:
+    """(dynamic, budget) with what the caller left unset (None) filled in.  Per-step sizing is on where
+    verification cost grows with the tree (CPU) and the model ships a calibration for `method` (raw scores are not
+    probabilities to weigh against the cost); the budget is then the table's cap, else its fixed size."""
+    if dynamic is None:
+        dynamic = device_kind(target) == "cpu" and calibration_available(target, method)
+    if budget is None:
+        size = tree_size(target, method)
+        budget = size.dynamic_cap if dynamic else size.budget
+    return dynamic, budget
+
 
 _lock = threading.Lock()
 CURVES = "verify_cost_curves"  # the key of {sizes: curve} in Target.artifacts

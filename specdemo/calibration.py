@@ -26,6 +26,10 @@ ASSETS = PACKAGE_ASSETS / "calibration"
 FORMAT = "specdemo-calibration"
 MAX_DEPTH = 4  # depths past this share one table: few nodes get there
 MIN_BIN = 40  # nodes per score bin before the isotonic fit: keeps a bin's rate from being one lucky run
+# Node sources renamed since calibrations were fitted (old name -> current): a table fitted under the old name is the
+# same nodes' table, so it serves the current name.  (Prompt lookup's grafts were "context" before every drafter
+# named them "prompt".)
+RENAMED_SOURCES = {"context": "prompt"}
 
 
 def default_path(model_name: str) -> Path:
@@ -33,7 +37,18 @@ def default_path(model_name: str) -> Path:
 
 
 def table_key(source: str | None, depth: int) -> str:
+    source = RENAMED_SOURCES.get(source, source)
     return f"{source or 'draft'}|{min(int(depth), MAX_DEPTH)}"
+
+
+def _current_tables(tables: dict[str, dict]) -> dict[str, dict]:
+    """`tables` keyed by current source names; a table stored under both names keeps the current name's."""
+    out = {key: t for key, t in tables.items() if key.split("|")[0] not in RENAMED_SOURCES}
+    for key, t in tables.items():
+        source, _, depth = key.partition("|")
+        if source in RENAMED_SOURCES:
+            out.setdefault(f"{RENAMED_SOURCES[source]}|{depth}", t)
+    return out
 
 
 def isotonic(x: np.ndarray, y: np.ndarray, min_bin: int = MIN_BIN) -> tuple[list[float], list[float]]:
@@ -76,6 +91,9 @@ class Calibrator:
     """Maps a method's raw node scores to acceptance probabilities (one decoding mode)."""
 
     tables: dict[str, dict]
+
+    def __post_init__(self) -> None:
+        self.tables = _current_tables(self.tables)
 
     def __call__(self, sources: list[str | None], depths: list[int], scores: list[float]) -> list[float]:
         out = []

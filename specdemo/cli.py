@@ -1,13 +1,14 @@
-"""`python -m specdemo <command>`: each command lives in its own module, which exposes `register(subparsers)`."""
+"""`python -m specdemo <command>` (or `specdemo <command>` once the package is installed): each command lives in its
+own module, which exposes `register(subparsers)`."""
 from __future__ import annotations
 
 import argparse
 import sys
 
-from specdemo import bench
+from specdemo import acceptance, bench
 from specdemo.offline import build_datastore, calibrate, distill, train
 
-COMMANDS = (bench, calibrate, build_datastore, distill, train)
+COMMANDS = (bench, acceptance, calibrate, build_datastore, distill, train)
 
 
 def main(argv: list[str] | None = None) -> int:

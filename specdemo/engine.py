@@ -4,11 +4,21 @@ that path's KV entries, emit a StepEvent.  AR decoding is the same loop with an 
 Invariant between steps: the KV cache holds every committed token except the newest one (the *root*), whose logits
 are still to be computed.  A step feeds [root] + tree, so the root's logits choose the first new token and each
 node's logits choose the token after it.
+
+`generate` reads as its verbs: prefill, then per step propose (the drafter's tree, pruned to what the length budget
+can use), verify (one forward, one target choice per node, the accepted path, the cache compacted to it), stop (EOS,
+stop strings and length cut the new tokens), commit (they join the sequence) and, unless a stop rule ended the run,
+observe (the drafter learns from the verification).
+
+Timing: a StepEvent's draft_s covers propose and observe (and, on the first step, the drafter's `begin`), its
+verify_s covers verify (and, on the first step, the prefill).  Propose, verify and the prefill end with
+`target.sync()`, so on a GPU their clocks time the work and not only its launch.
 """
 from __future__ import annotations
 
+import itertools
 import time
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -87,7 +97,7 @@ class Drafter:
     def observe(self, state: DecodeState, verified: Verified) -> None:
         pass
 
-    def verify_context(self, tree: DraftTree, buffers: TreeBuffers):
+    def verify_context(self, tree: DraftTree, buffers: TreeBuffers) -> AbstractContextManager:
         return nullcontext()
 
 
@@ -125,7 +135,9 @@ class GenerationConfig:
     max_new_tokens: int = 128
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     stop_strings: list[str] = field(default_factory=list)
-    max_tree_nodes: int = 64  # hard cap on what any drafter may send through one forward
+    # The engine's own ceiling on the nodes of one verification forward, whatever a drafter proposes; it also sizes
+    # the KV cache's headroom for a step's uncommitted nodes.  Drafters choose their trees far below it on a CPU.
+    max_tree_nodes: int = 64
 
 
 def validate_request(target: Target, prompt_ids: list[int], cfg: GenerationConfig) -> None:
@@ -155,11 +167,51 @@ def generate(target: Target, prompt_ids: list[int], drafter: Drafter | None = No
     drafter = drafter or Drafter()
     if drafter.name != "none":
         check_tree_support(target)
+    run = _prefill(target, prompt_ids, drafter, cfg)
+    stop = _StopRules(target, cfg)
+    for step in itertools.count():
+        with target.lock:
+            tree, draft_s = _propose(target, drafter, run.state, cfg)
+            found, verify_s = _verify(target, drafter, run, tree)
+        if step == 0:  # the first step carries the one-off work: the drafter's begin and the prefill
+            draft_s, verify_s = draft_s + run.begin_s, verify_s + run.prefill_s
+        keep, finish = stop.cut(run.state, found.tokens)
+        event = _commit(run.state, found, keep, finish, step, draft_s, verify_s)
+        if not event.finished:
+            event.draft_s += _observe(drafter, run.state, found)
+        yield event
+        if event.finished:
+            return
+
+
+@dataclass
+class _Run:
+    """One request's decoding: the committed sequence, its KV cache and the one-off seconds its first step reports."""
+
+    state: DecodeState
+    cache: KVCache
+    prefill_s: float
+    begin_s: float
+
+
+@dataclass
+class _Found:
+    """What one verification found, before the stop rules: the accepted path and the committed tokens."""
+
+    tree: DraftTree
+    buffers: TreeBuffers
+    path: list[int]  # buffer rows (1-based tree nodes) of the accepted path
+    tokens: list[int]  # the accepted draft tokens + the target's own token
+    hidden: torch.Tensor  # (1 + len(tree), d): the target's features of the root and every node
+    logits: torch.Tensor  # (1 + len(tree), vocab)
+
+
+def _prefill(target: Target, prompt_ids: list[int], drafter: Drafter, cfg: GenerationConfig) -> _Run:
+    """Prefill everything but the root (the invariant), then let the drafter begin; it may want the prompt's
+    features."""
     state = DecodeState(list(prompt_ids), len(prompt_ids), cfg.max_new_tokens, cfg.sampling, target)
     cache = KVCache(capacity=len(prompt_ids) + cfg.max_new_tokens + cfg.max_tree_nodes + 2)
-
     with target.lock:
-        # Prefill everything but the root; the drafter may want the prompt's features.
         t0 = time.perf_counter()
         prompt_hidden = None
         if len(prompt_ids) > 1:
@@ -171,68 +223,94 @@ def generate(target: Target, prompt_ids: list[int], drafter: Drafter | None = No
         t0 = time.perf_counter()
         drafter.begin(state, prompt_hidden if drafter.needs_hidden else None)
         begin_s = time.perf_counter() - t0
+    return _Run(state, cache, prefill_s, begin_s)
 
-    step = 0
-    text_len = 0
-    while True:
-        with target.lock:
-            t0 = time.perf_counter()
-            tree = drafter.propose(state) if state.remaining > 1 else DraftTree.empty()
-            # never verify drafts the length budget could not use: depth <= remaining - 1 (the target adds one)
-            tree = tree.prune(max_depth=state.remaining - 1, max_nodes=cfg.max_tree_nodes)
-            target.sync()
-            draft_s = time.perf_counter() - t0 + (begin_s if step == 0 else 0.0)
 
-            t0 = time.perf_counter()
-            root_pos = len(state.tokens) - 1
-            past = cache.get_seq_length()
-            buf = TreeBuffers.build(tree, root_pos, target.device)
-            with drafter.verify_context(tree, buf):
-                hidden = tree_forward(target, cache, state.tokens[-1:] + tree.tokens, buf)
-            logits = target.lm_head(hidden)
-            # one target choice per tree position; position of the chosen token = position of the node + 1
-            choice = choose_tokens(logits, [root_pos + 1 + d for d in buf.depth.tolist()], cfg.sampling)
-            path, node = [], 0
-            while (nxt := buf.children[node].get(choice[node])) is not None:
-                path.append(nxt)
-                node = nxt
-            new = [tree.tokens[i - 1] for i in path] + [choice[node]]
-            cache.keep(past + 1, [past + i for i in path])  # root stays at `past`; accepted nodes follow it
-            target.sync()
-            verify_s = time.perf_counter() - t0 + (prefill_s if step == 0 else 0.0)
+def _propose(target: Target, drafter: Drafter, state: DecodeState, cfg: GenerationConfig) -> tuple[DraftTree, float]:
+    """The drafter's tree for this step and the seconds it took.  A tree is never deeper than the length budget can
+    use (depth <= remaining - 1: the target adds one token of its own) nor larger than `cfg.max_tree_nodes`."""
+    t0 = time.perf_counter()
+    tree = drafter.propose(state) if state.remaining > 1 else DraftTree.empty()
+    tree = tree.prune(max_depth=state.remaining - 1, max_nodes=cfg.max_tree_nodes)
+    target.sync()
+    return tree, time.perf_counter() - t0
 
-        from_draft = [True] * len(path) + [False]
-        sources = [tree.sources[i - 1] if tree.sources else "draft" for i in path] + [None]
-        # EOS, stop strings and length: the same truncation in every mode
-        finish = None
+
+def _verify(target: Target, drafter: Drafter, run: _Run, tree: DraftTree) -> tuple[_Found, float]:
+    """One target forward over [root] + tree, the target's choice at every position, the longest path of the tree
+    that spells those choices, and the cache compacted to the root and that path; with the seconds it took."""
+    state, cache = run.state, run.cache
+    t0 = time.perf_counter()
+    root_pos = len(state.tokens) - 1
+    past = cache.get_seq_length()
+    buf = TreeBuffers.build(tree, root_pos, target.device)
+    with drafter.verify_context(tree, buf):
+        hidden = tree_forward(target, cache, state.tokens[-1:] + tree.tokens, buf)
+    logits = target.lm_head(hidden)
+    # one target choice per tree position; the position of the chosen token is the node's position + 1
+    choice = choose_tokens(logits, [root_pos + 1 + d for d in buf.depth.tolist()], state.sampling)
+    path, node = [], 0
+    while (nxt := buf.children[node].get(choice[node])) is not None:
+        path.append(nxt)
+        node = nxt
+    new = [tree.tokens[i - 1] for i in path] + [choice[node]]
+    cache.keep(past + 1, [past + i for i in path])  # the root stays at `past`; the accepted nodes follow it
+    target.sync()
+    return _Found(tree, buf, path, new, hidden, logits), time.perf_counter() - t0
+
+
+class _StopRules:
+    """EOS, stop strings and length: the same truncation in every mode, so a drafted run ends where AR's does."""
+
+    def __init__(self, target: Target, cfg: GenerationConfig) -> None:
+        self.target, self.cfg = target, cfg
+        self.text_len = 0  # characters of the generated text before this step (stop strings only)
+
+    def cut(self, state: DecodeState, new: list[int]) -> tuple[int, str | None]:
+        """How many of this step's `new` tokens to commit, and the finish reason (None: the run goes on).  A stop
+        string is looked for only where it could end in this step's text (it may begin in the previous step's)."""
+        cfg = self.cfg
         for k, tok in enumerate(new):
-            n_gen = len(state.tokens) - state.prompt_len + k + 1
-            if tok in target.eos_ids:
+            finish = None
+            if tok in self.target.eos_ids:
                 finish = "eos"
             elif cfg.stop_strings:
-                text = target.decode(state.generated + new[: k + 1])
-                if any(s in text[max(0, text_len - max(map(len, cfg.stop_strings))):] for s in cfg.stop_strings):
+                text = self.target.decode(state.generated + new[: k + 1])
+                tail = text[max(0, self.text_len - max(map(len, cfg.stop_strings))):]
+                if any(s in tail for s in cfg.stop_strings):
                     finish = "stop"
-            if finish is None and n_gen >= cfg.max_new_tokens:
+            if finish is None and len(state.tokens) - state.prompt_len + k + 1 >= cfg.max_new_tokens:
                 finish = "length"
             if finish:
-                new, from_draft, sources = new[: k + 1], from_draft[: k + 1], sources[: k + 1]
-                break
-        if cfg.stop_strings and finish is None:
-            text_len = len(target.decode(state.generated + new))
-        accepted_nodes = [i - 1 for i in path[: len(new)]]
-        position = len(state.tokens)
-        state.tokens.extend(new)
-        if finish is None:
-            t0 = time.perf_counter()
-            probes = {i: hidden[i + 1] for i in range(len(tree)) if tree.is_probe(i)}
-            drafter.observe(state, Verified(tree, buf, accepted_nodes, new, hidden[[0] + path], probes, logits))
-            draft_s += time.perf_counter() - t0
-        yield StepEvent(step, new, from_draft, sources, tree, accepted_nodes, draft_s, verify_s, position,
-                        len(state.tokens) - state.prompt_len, finish)
-        if finish:
-            return
-        step += 1
+                return k + 1, finish
+        if cfg.stop_strings:
+            self.text_len = len(self.target.decode(state.generated + new))
+        return len(new), None
+
+
+def _commit(state: DecodeState, found: _Found, keep: int, finish: str | None, step: int, draft_s: float,
+            verify_s: float) -> StepEvent:
+    """The first `keep` new tokens (what the stop rules let through) join the sequence; the step's event describes
+    them."""
+    tree, path = found.tree, found.path
+    new = found.tokens[:keep]
+    from_draft = ([True] * len(path) + [False])[:keep]
+    sources = ([tree.sources[i - 1] if tree.sources else "draft" for i in path] + [None])[:keep]
+    position = len(state.tokens)
+    state.tokens.extend(new)
+    return StepEvent(step, new, from_draft, sources, tree, [i - 1 for i in path[:keep]], draft_s, verify_s, position,
+                     len(state.tokens) - state.prompt_len, finish)
+
+
+def _observe(drafter: Drafter, state: DecodeState, found: _Found) -> float:
+    """Show the drafter what the verification found (the whole step was committed); returns the seconds it took."""
+    t0 = time.perf_counter()
+    tree, hidden = found.tree, found.hidden
+    probes = {i: hidden[i + 1] for i in range(len(tree)) if tree.is_probe(i)}
+    accepted = [i - 1 for i in found.path]
+    drafter.observe(state, Verified(tree, found.buffers, accepted, found.tokens, hidden[[0] + found.path], probes,
+                                    found.logits))
+    return time.perf_counter() - t0
 
 
 def run_to_end(target: Target, prompt_ids: list[int], drafter: Drafter | None = None,

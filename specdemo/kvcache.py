@@ -17,7 +17,7 @@ class SlotLayer(DynamicLayer):
     the context, only the accepted path's few entries.
     """
 
-    def __init__(self, capacity: int = 256):
+    def __init__(self, capacity: int = 256) -> None:
         super().__init__()
         self.capacity = capacity
         self.length = 0
@@ -29,12 +29,13 @@ class SlotLayer(DynamicLayer):
         self._v = torch.empty(b, h, self.capacity, value_states.shape[-1], dtype=self.dtype, device=self.device)
         self.is_initialized = True
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+               ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         n = key_states.shape[-2]
         end = self.length + n
-        if end > self.capacity:  # rare: grow geometrically
+        if end > self.capacity:  # rare (the engine sizes the capacity per request): grow geometrically
             self.capacity = max(end, 2 * self.capacity)
             k, v = self._k, self._v
             self.lazy_initialization(key_states, value_states)
@@ -62,10 +63,11 @@ class SlotLayer(DynamicLayer):
 class KVCache(Cache):
     """A transformers Cache made of SlotLayers (works with any model that takes `past_key_values`)."""
 
-    def __init__(self, capacity: int = 256):
+    def __init__(self, capacity: int = 256) -> None:
         super().__init__(layer_class_to_replicate=lambda: SlotLayer(capacity))
 
     def keep(self, start: int, src: list[int]) -> None:
+        """Keep the entries at absolute indices `src` (increasing), moved to start.., in every layer; drop the rest."""
         idx = torch.tensor(src, dtype=torch.long)
         for layer in self.layers:
             layer.keep(start, idx.to(layer._k.device) if layer.is_initialized else idx)

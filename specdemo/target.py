@@ -49,8 +49,8 @@ class Target:
     tree_ok: bool | None = None  # set by check_tree_support
     packed_linears: int = 0  # linear layers on the oneDNN packed-weight CPU path (cpu_linear.py); 0 = plain F.linear
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False)  # serialises model work
-    # What drafters load or measure for this model (heads, adapters, cost curves), kept here so that it lives and
-    # dies with the model: a cache evicting the target frees them too.
+    # What drafters load or measure for this model (heads, adapters, REST datastores, cost curves), kept here so
+    # that it lives and dies with the model: a cache evicting the target frees them too.
     artifacts: dict = field(default_factory=dict, repr=False)
 
     @property

@@ -129,6 +129,39 @@ def test_stop_ends_the_race_within_a_step(page):
     assert "Stopped" in page.locator("#sd-message").inner_text()
 
 
+def plot_marks(page) -> list[int]:
+    """Per live plot on the page: how many data marks (lines, bars) its chart has drawn."""
+    return page.locator(".sd-plot").evaluate_all(
+        "els => els.map(e => e.querySelectorAll('.mark-line path, .mark-rect path, .mark-symbol path, "
+        ".mark-area path').length)")
+
+
+def test_the_plots_draw_while_racing(page, tmp_path):
+    """Six seconds into a race all, every live plot shows the race so far, and its title fits its box."""
+    page.get_by_role("tab", name="Live plots").click()
+    page.locator("#sd-prompt textarea").fill("Explain how a hash table works, in simple terms.")
+    tokens = page.get_by_label("number input for Max new tokens")
+    if not tokens.is_visible():
+        page.locator("#sd-settings .label-wrap").first.click()
+    tokens.fill("128")
+    tokens.press("Enter")
+    page.locator("#sd-race-all").click()
+    page.wait_for_selector('#sd-summary [data-status="running"]', timeout=300_000)
+    page.wait_for_timeout(6000)
+    page.screenshot(path=str(tmp_path / "mid-race.png"), full_page=True)
+    print("mid-race screenshot:", tmp_path / "mid-race.png")
+    marks = plot_marks(page)
+    assert len(marks) == 4 and all(m > 0 for m in marks), f"charts without marks mid-race: {marks}"
+    running = page.locator('#sd-summary [data-status="running"]').count()
+    page.locator("#sd-stop").click()
+    page.wait_for_selector('#sd-summary [data-status="stopped"], #sd-summary [data-status="done"]', timeout=120_000)
+    assert running == 1, "the screenshot was taken after the race had ended"
+    titles = page.locator(".sd-plot").evaluate_all(
+        "els => els.map(e => [...e.querySelectorAll('.role-title-text, .role-legend-label text')]"
+        ".every(t => t.getBoundingClientRect().right <= e.getBoundingClientRect().right + 1))")
+    assert all(titles), f"a title or legend runs out of its chart: {titles}"
+
+
 def test_race_all_in_the_browser(page):
     modes = page.locator("#sd-mode input").evaluate_all("els => els.map(e => e.value)")
     off = page.locator(".sd-mode-off").count()  # the modes that cannot run on this model, listed under the radio

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import ast
 
-from specdemo.offline import code_prompts, distill
+from specdemo import cli
+from specdemo.offline import code_prompts, corpus, distill
 
 SOURCE = '''
 def documented(a, b=2, *args, key: str = "x") -> int:
@@ -73,3 +74,57 @@ def test_distill_reads_the_stdlib_source():
     specs = distill.prompt_specs("stdlib", 5, 0, 0)
     assert len(specs) == 5 and all(s["messages"][0]["role"] == "user" for s in specs)
     assert [s["id"] for s in specs] == [p["id"] for p in code_prompts.stdlib_prompts(5)]
+
+
+LIBRARY = '''
+def documented(values, key=None):
+    """Return the values sorted by key, dropping the ones that compare equal to an earlier one."""
+    seen = []
+    for v in sorted(values, key=key):
+        if not seen or seen[-1] != v:
+            seen.append(v)
+    return seen
+
+def tiny(x):
+    return x
+
+class Klass:
+    def method(self, a, b, c):
+        """A method: only top-level functions are taken, whatever their length; this one is long enough."""
+        return a + b + c
+'''
+
+
+def test_source_records_pair_a_head_with_the_whole_function(tmp_path, tiny_llama):
+    """S4C's extra data (`distill --prompts stdlib-source`): the request shows the head (signature and docstring), the
+    answer is the library's own code in a python block, then EOS; tests and bundled packages are skipped."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "mod.py").write_text(LIBRARY)
+    (tmp_path / "pkg" / "sub.py").write_text(LIBRARY.replace("documented", "other"))
+    (tmp_path / "tests" / "test_mod.py").write_text(LIBRARY.replace("documented", "hidden"))
+    items = list(code_prompts.source_functions(tmp_path))
+    assert [i for i, _, _ in items] == ["mod.py:documented", "sub.py:other"]
+    _, head, body = items[0]
+    assert head.endswith('compare equal to an earlier one."""') and "seen = []" not in head
+    assert body.startswith(head) and body.endswith("return seen")
+    recs = code_prompts.source_records(tiny_llama, 10 ** 6, root=tmp_path)
+    assert {r["id"] for r in recs} == {"mod.py:documented", "sub.py:other"}
+    assert recs == code_prompts.source_records(tiny_llama, 10 ** 6, root=tmp_path)  # a seeded order
+    r = next(r for r in recs if r["id"] == "mod.py:documented")
+    tok = tiny_llama.tokenizer
+    assert r["prompt_ids"] == tiny_llama.encode_prompt(f"Complete this Python function:\n```python\n{head}\n```")
+    assert r["answer_ids"][-1] == tok.eos_token_id and "return seen" in tok.decode(r["answer_ids"])
+    assert len(code_prompts.source_records(tiny_llama, 1, root=tmp_path)) == 1  # stops once the tokens are reached
+    path = tmp_path / "extra.jsonl.gz"
+    code_prompts.write_records(path, recs)
+    pairs = lambda rs: [(x["id"], x["prompt_ids"], x["answer_ids"]) for x in rs]  # noqa: E731
+    assert pairs(corpus.read_records([path])) == pairs(recs)
+
+
+def test_distill_stdlib_source_command(tmp_path, tiny_llama):
+    out = tmp_path / "stdlib.jsonl.gz"
+    assert cli.main(["distill", "--prompts", "stdlib-source", "--model", str(tiny_llama.model.name_or_path),
+                     "--max-tokens", "300", "--out", str(out)]) == 0
+    recs = corpus.read_records([out])
+    assert recs and sum(len(r["answer_ids"]) for r in recs) >= 300 and all(":" in r["id"] for r in recs)

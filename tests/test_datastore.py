@@ -12,7 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specdemo.offline import build_datastore as D
+from specdemo.drafters.rest import build as RB
+from specdemo.drafters.rest.datastore import FORMAT, VERSION, Datastore, DatastoreError, separator_for
+from specdemo.offline import build_datastore as D  # the CLI, the default store and the corpus walking
 from specdemo.offline.corpus import DISTILLED_CORPORA, PROMPTS_PATH, SELFDISTILL_PATH
 from specdemo.offline.project_prompts import generate_prompts, load_prompts
 
@@ -46,10 +48,10 @@ def brute_match(tokens, sep, ctx, max_len, min_len):
     return 0, []
 
 
-def toy_store(tmp_path: Path, docs, vocab: int = 8) -> D.Datastore:
+def toy_store(tmp_path: Path, docs, vocab: int = 8) -> Datastore:
     out = tmp_path / f"store-{random.random()}"
-    D.build(out, ToyTokenizer(vocab), token_docs=docs, progress=False)
-    return D.Datastore(out, vocab_size=vocab)
+    RB.build(out, ToyTokenizer(vocab), token_docs=docs, progress=False)
+    return Datastore(out, vocab_size=vocab)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -58,9 +60,9 @@ def toy_store(tmp_path: Path, docs, vocab: int = 8) -> D.Datastore:
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(0, 5), min_size=1, max_size=60), st.sampled_from([np.uint16, np.uint32]))
 def test_suffix_order_is_sorted_reversed_prefixes(arr, dtype):
-    sep = D.separator_for(np.dtype(dtype))
+    sep = separator_for(np.dtype(dtype))
     tokens = np.array([sep] + arr + [sep], dtype=dtype)
-    got = D.suffix_order(tokens, sep).tolist()
+    got = RB.suffix_order(tokens, sep).tolist()
     n = len(tokens)
     ends = [e for e in range(1, n) if tokens[e - 1] != sep and tokens[e] != sep]
     want = sorted(ends, key=lambda e: [int(x) for x in tokens[:e][::-1]])
@@ -86,8 +88,8 @@ def test_match_equals_brute_force_random(tmp_path, docs, queries, max_len, min_l
 
 def test_match_equals_brute_force_real_corpus(tmp_path, tok):
     files = sorted(D.stdlib_dir().glob("*.py"))[:6]
-    D.build_from_paths(tmp_path / "s", tok, files, progress=False)
-    store = D.Datastore(tmp_path / "s")
+    RB.build_from_paths(tmp_path / "s", tok, files, progress=False)
+    store = Datastore(tmp_path / "s")
     tokens = store.tokens
     real = np.flatnonzero(tokens != store.sep)
     rng = random.Random(0)
@@ -144,11 +146,11 @@ def test_build_round_trip(tmp_path, tok):
     from specdemo.target import tokenizer_identity
 
     src = write_corpus(tmp_path / "corpus")
-    m = D.build_from_paths(tmp_path / "store", tok, [src], progress=False)
+    m = RB.build_from_paths(tmp_path / "store", tok, [src], progress=False)
     assert m["documents"] == 7  # mod.py, notes.md, plain.txt, 3 chat.jsonl records, more.jsonl.gz; not empty/junk
-    store = D.Datastore(tmp_path / "store", identity=tokenizer_identity(tok), vocab_size=len(tok))
+    store = Datastore(tmp_path / "store", identity=tokenizer_identity(tok), vocab_size=len(tok))
     man = store.manifest
-    assert man["format"] == D.FORMAT and man["version"] == D.VERSION
+    assert man["format"] == FORMAT and man["version"] == VERSION
     assert man["tokenizer"] == tokenizer_identity(tok) and man["vocab_size"] == len(tok)
     assert man["dtype"] == "uint16" and store.tokens.dtype == np.uint16 and man["separator"] == 65535
     assert set(man["files"]) == {"tokens.npy", "sa.npy"} and all(len(f["sha256"]) == 64 for f in man["files"].values())
@@ -177,28 +179,47 @@ def test_cli_build_and_info(tmp_path, capsys):
     assert main(["datastore", "build", "--input", str(tmp_path / "nothing-here"), "--out", str(tmp_path / "x")]) == 2
 
 
+def test_store_is_current_keeps_user_stores_and_rebuilds_stale_automatic_ones(tmp_path):
+    assert not RB.store_is_current(tmp_path / "nothing", "r1")
+    RB.build(tmp_path / "user", ToyTokenizer(), token_docs=[[1, 2, 3]], progress=False)
+    assert RB.store_is_current(tmp_path / "user", "r1")  # built by someone: never rebuilt over
+    RB.build(tmp_path / "auto", ToyTokenizer(), token_docs=[[1, 2, 3]], progress=False, extra={RB.RECIPE_KEY: "r1"})
+    assert RB.store_is_current(tmp_path / "auto", "r1") and not RB.store_is_current(tmp_path / "auto", "r2")
+    (tmp_path / "auto" / "manifest.json").write_text("{not json")
+    assert not RB.store_is_current(tmp_path / "auto", "r1")
+
+
+def test_offline_module_still_exposes_the_moved_builders():
+    """The app and scripts imported these from specdemo.offline.build_datastore before they moved beside REST."""
+    for name in ("build", "build_from_paths", "collect_files", "iter_file_documents", "record_text", "suffix_order",
+                 "TEXT_SUFFIXES", "SKIP_DIRS"):
+        assert getattr(D, name) is getattr(RB, name), name
+    assert (D.Datastore, D.DatastoreError, D.FORMAT) == (Datastore, DatastoreError, FORMAT)
+    assert callable(D.ensure_default)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Refusals
 # ---------------------------------------------------------------------------------------------------------------------
 @pytest.fixture
 def small_store(tmp_path, tok):
-    D.build_from_paths(tmp_path / "s", tok, [write_corpus(tmp_path / "corpus")], progress=False)
+    RB.build_from_paths(tmp_path / "s", tok, [write_corpus(tmp_path / "corpus")], progress=False)
     return tmp_path / "s"
 
 
 def test_refuses_another_tokenizer(small_store):
-    with pytest.raises(D.DatastoreError, match="another tokenizer.*datastore build --model"):
-        D.Datastore(small_store, identity="SomeTokenizer-32000-0123456789ab", vocab_size=32000)
+    with pytest.raises(DatastoreError, match="another tokenizer.*datastore build --model"):
+        Datastore(small_store, identity="SomeTokenizer-32000-0123456789ab", vocab_size=32000)
 
 
 def test_refuses_out_of_range_ids(tmp_path, small_store, tok):
-    with pytest.raises(D.DatastoreError, match="out of range"):
-        D.build(tmp_path / "bad", tok, token_docs=[[1, 2, len(tok) + 5]], progress=False)
-    with pytest.raises(D.DatastoreError, match="out of range"):
-        D.build(tmp_path / "bad", tok, token_docs=[[-1]], progress=False)
+    with pytest.raises(DatastoreError, match="out of range"):
+        RB.build(tmp_path / "bad", tok, token_docs=[[1, 2, len(tok) + 5]], progress=False)
+    with pytest.raises(DatastoreError, match="out of range"):
+        RB.build(tmp_path / "bad", tok, token_docs=[[-1]], progress=False)
     # a store whose ids do not fit the model's vocabulary (e.g. a bigger tokenizer with the same identity string)
-    with pytest.raises(D.DatastoreError, match="out of range"):
-        D.Datastore(small_store, vocab_size=100)
+    with pytest.raises(DatastoreError, match="out of range"):
+        Datastore(small_store, vocab_size=100)
 
 
 def test_refuses_truncated_and_corrupt_files(tmp_path, small_store):
@@ -208,29 +229,29 @@ def test_refuses_truncated_and_corrupt_files(tmp_path, small_store):
     shutil.copytree(small_store, cut)
     with open(cut / "sa.npy", "r+b") as f:
         f.truncate((cut / "sa.npy").stat().st_size - 8)
-    with pytest.raises(D.DatastoreError, match="truncated.*Rebuild"):
-        D.Datastore(cut)
+    with pytest.raises(DatastoreError, match="truncated.*Rebuild"):
+        Datastore(cut)
     bad = tmp_path / "bad"
     shutil.copytree(small_store, bad)
     data = bytearray((bad / "tokens.npy").read_bytes())
     data[-3] ^= 0xFF
     (bad / "tokens.npy").write_bytes(bytes(data))
-    with pytest.raises(D.DatastoreError, match="corrupt"):
-        D.Datastore(bad)
+    with pytest.raises(DatastoreError, match="corrupt"):
+        Datastore(bad)
     (bad / "manifest.json").write_text("{not json")
-    with pytest.raises(D.DatastoreError, match="corrupt"):
-        D.Datastore(bad)
-    with pytest.raises(D.DatastoreError, match="No datastore"):
-        D.Datastore(tmp_path / "nowhere")
+    with pytest.raises(DatastoreError, match="corrupt"):
+        Datastore(bad)
+    with pytest.raises(DatastoreError, match="No datastore"):
+        Datastore(tmp_path / "nowhere")
 
 
 def test_refuses_empty_corpus(tmp_path, tok):
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "blank.txt").write_text("\n\n")
-    with pytest.raises(D.DatastoreError, match="empty"):
-        D.build_from_paths(tmp_path / "s", tok, [tmp_path / "c"], progress=False)
-    with pytest.raises(D.DatastoreError, match="does not exist"):
-        D.build_from_paths(tmp_path / "s", tok, [tmp_path / "missing"], progress=False)
+    with pytest.raises(DatastoreError, match="empty"):
+        RB.build_from_paths(tmp_path / "s", tok, [tmp_path / "c"], progress=False)
+    with pytest.raises(DatastoreError, match="does not exist"):
+        RB.build_from_paths(tmp_path / "s", tok, [tmp_path / "missing"], progress=False)
 
 
 def test_dataset_needs_the_datasets_package(tok):
@@ -238,7 +259,7 @@ def test_dataset_needs_the_datasets_package(tok):
 
     if importlib.util.find_spec("datasets") is not None:
         pytest.skip("datasets is installed")
-    with pytest.raises(D.DatastoreError, match="pip install datasets"):
+    with pytest.raises(DatastoreError, match="pip install datasets"):
         next(D.iter_dataset_documents("some/dataset", tok))
 
 
@@ -251,7 +272,7 @@ def test_default_datastore_small_subset(tmp_path):
 
     target = load_target()
     out = D.ensure_default(target, progress=False, stdlib_limit=8, out_dir=tmp_path / "default")
-    store = D.Datastore(out, target=target)
+    store = Datastore(out, target=target)
     m = store.manifest
     assert m["default_recipe"].startswith(D.DEFAULT_RECIPE) and "site-packages" in m["sources"][0]
     if SELFDISTILL_PATH.exists():

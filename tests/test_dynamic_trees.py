@@ -92,13 +92,13 @@ def test_isotonic_maps_each_tied_score_to_one_rate():
 
 
 def test_fit_load_and_refusal(tmp_path):
-    rows = [("head1", 1, s / 100, s > 50) for s in range(100)] + [("context", 6, 1.0, k % 4 == 0) for k in range(80)]
+    rows = [("head1", 1, s / 100, s > 50) for s in range(100)] + [("prompt", 6, 1.0, k % 4 == 0) for k in range(80)]
     tables = C.fit(rows)
-    assert set(tables) == {"head1|1", "context|4"}  # depths past MAX_DEPTH share a table
+    assert set(tables) == {"head1|1", "prompt|4"}  # depths past MAX_DEPTH share a table
     path = tmp_path / "cal.json"
     path.write_text(json.dumps({"format": C.FORMAT, "tokenizer": "tok-A", "tables": {"greedy": {"s4c": tables}}}))
     cal = C.load("m", "tok-A", "s4c", sampling=False, path=path)
-    p = cal(["head1", "head1", "context", "other"], [1, 1, 5, 2], [0.1, 0.9, 1.0, 0.42])
+    p = cal(["head1", "head1", "prompt", "other"], [1, 1, 5, 2], [0.1, 0.9, 1.0, 0.42])
     assert p[0] < 0.2 and p[1] > 0.8 and p[2] == pytest.approx(0.25) and p[3] == 0.42  # no table: raw score
     assert C.load("m", "tok-B", "s4c", sampling=False, path=path) is None  # another tokenizer
     assert C.load("m", "tok-A", "s4c", sampling=True, path=path) is None  # no sampling table
@@ -106,12 +106,29 @@ def test_fit_load_and_refusal(tmp_path):
     assert C.load("m", "tok-A", "s4c", sampling=False, path=tmp_path / "missing.json") is None
 
 
+def test_tables_fitted_under_a_former_source_name_serve_the_current_one():
+    """Prompt lookup's grafts were "context" when the shipped calibration was fitted: those tables map "prompt"
+    nodes (the old name still reads them too), and a table under the current name wins over the old one."""
+    legacy = {"x": [0.0, 1.0], "y": [0.2, 0.2], "n": 1}
+    current = {"x": [0.0, 1.0], "y": [0.7, 0.7], "n": 1}
+    cal = C.Calibrator({"context|1": legacy, "context|2": legacy, "prompt|2": current, "head1|1": current})
+    assert cal(["prompt", "context", "prompt", "head1"], [1, 1, 2, 1], [0.5] * 4) == [0.2, 0.2, 0.7, 0.7]
+    shipped = C.load("embedded", _shipped_identity(), "s4c", sampling=False)
+    if shipped is not None:
+        assert "prompt|1" in shipped.tables and not any(k.startswith("context|") for k in shipped.tables)
+
+
+def _shipped_identity() -> str:
+    return json.loads(C.default_path("embedded").read_text())["tokenizer"] if C.default_path("embedded").exists() \
+        else ""
+
+
 def _calibration_file(tmp_path, target, generous: bool) -> str:
     """A calibration that maps every raw score to a fixed probability per depth: generous keeps big trees, the
     other says no node is ever accepted, so no tree can pay and every step is a plain one: both ends of the cut."""
     p = [0.9, 0.8, 0.7, 0.6] if generous else [0.0, 0.0, 0.0, 0.0]
     table = {f"{src}|{d}": {"x": [0.0, 1.0], "y": [p[d - 1], p[d - 1]], "n": 1}
-             for src in ("head1", "head2", "head3", "context", "datastore", "adaptive") for d in range(1, 5)}
+             for src in ("head1", "head2", "head3", "prompt", "datastore", "adaptive") for d in range(1, 5)}
     tables = {m: table for m in ("rest", "s4c", "sdsat")}
     path = tmp_path / f"cal-{generous}.json"
     path.write_text(json.dumps({"format": C.FORMAT, "tokenizer": target.identity,

@@ -259,6 +259,36 @@ def test_eos_stop_and_length_identical_across_modes(tiny):
         assert a == ref[:n]
 
 
+def test_step_clocks_cover_the_same_work(tiny_llama):
+    """draft_s times propose and observe (and the drafter's begin, on the first step only); verify_s the forward (and
+    the prefill, on the first step); observe runs after every step but the last, so a finished step's draft_s has no
+    observe in it."""
+    import time
+
+    class Slow(Drafter):
+        name = "slow"
+        observed = 0
+
+        def begin(self, state, prompt_hidden):
+            time.sleep(0.3)
+
+        def propose(self, state):
+            time.sleep(0.01)
+            return DraftTree.empty()
+
+        def observe(self, state, verified):
+            self.observed += 1
+            time.sleep(0.1)
+
+    d = Slow()
+    _, ev = run_to_end(tiny_llama, [5, 6, 7, 8], d, GenerationConfig(max_new_tokens=3))
+    assert len(ev) == 3 and d.observed == 2 and ev[-1].finished
+    assert ev[0].draft_s >= 0.41 and ev[1].draft_s >= 0.11
+    assert ev[1].draft_s < 0.3  # begin counted once
+    assert ev[2].draft_s < 0.1  # one token left: nothing proposed; the run ends: nothing observed
+    assert all(e.verify_s < 0.3 for e in ev[1:])  # the drafter's sleeps are not in the verification clock
+
+
 # ---------------------------------------------------------------- bad input
 def test_bad_inputs_give_clear_errors(tiny_llama):
     with pytest.raises(ValueError, match="empty"):
@@ -354,7 +384,7 @@ def test_evicting_a_model_frees_it(tiny_llama):
     import gc
     import weakref
 
-    from specdemo.app.session import ModelCache
+    from specdemo.app.models import ModelCache
     from specdemo.drafters import make_drafter
     from specdemo.engine import GenerationConfig, run_to_end
 

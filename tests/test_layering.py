@@ -64,7 +64,28 @@ def test_drafters_import_no_app_or_offline_code():
 
 def test_only_the_page_imports_gradio():
     users = {mod for mod, (every, _) in MODULES.items() if any(n == "gradio" or n.startswith("gradio.") for n in every)}
-    assert users == {"specdemo.app.page"}
+    assert users and all(mod.startswith("specdemo.app.page") for mod in users), users
+
+
+def test_no_app_module_imports_offline_code():
+    """Offline work (corpora, training, datastore recipes) never runs inside a request: the app does not import it
+    (app.py, the entry point, builds REST's default store before the server starts)."""
+    bad = {mod: sorted(n for n in every if n.startswith("specdemo.offline"))
+           for mod, (every, _) in MODULES.items() if mod.startswith("specdemo.app")}
+    assert not {m: b for m, b in bad.items() if b}
+
+
+def test_the_record_rendering_and_plots_load_without_torch_or_gradio():
+    """What the page shows is plain data and HTML: the record, its rendering and the plots' frames import neither
+    torch nor gradio (a fresh interpreter, so nothing else loaded them first)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, specdemo.app.record, specdemo.app.render, specdemo.app.plots, specdemo.metrics; "
+            "print(sorted(m for m in ('torch', 'gradio') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=PACKAGE.parent).stdout
+    assert out.strip() == "[]"
 
 
 def test_no_import_cycles_at_module_level():
@@ -89,5 +110,38 @@ def test_no_import_cycles_at_module_level():
 def test_the_walk_sees_the_imports_it_checks():
     """The checks above would pass vacuously if the walk missed imports: it must see the known ones."""
     assert "specdemo.engine" in known(MODULES["specdemo.drafters.pld"][1])
-    assert "gradio" in MODULES["specdemo.app.page"][1]
-    assert "specdemo.offline.build_datastore" in known(MODULES["specdemo.app.session"][0])
+    assert "gradio" in MODULES["specdemo.app.page.layout"][1]
+    assert "specdemo.offline.build_datastore" in known(MODULES["specdemo.offline.distill"][0])
+
+
+def _imports_the_registry(source: str, me: str, is_package: bool = False) -> list[str]:
+    """The statements of module `me` (its `source`) that import the drafter registry (`specdemo.drafters` itself):
+    `import specdemo.drafters`, or `from specdemo.drafters import X` (also relative) where X is not a submodule."""
+    registry = "specdemo.drafters"
+    package = me if is_package else me.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [f"import {a.name}" for a in node.names if a.name == registry]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            if base == registry:
+                found += [f"from {base} import {a.name}" for a in node.names if f"{base}.{a.name}" not in MODULES]
+    return found
+
+
+def test_drafter_modules_import_the_contract_not_the_registry():
+    """The registry imports drafter modules by name; a drafter importing it back would be a cycle the module-level
+    graph above cannot see.  Drafters take what they share from specdemo.drafters.contract."""
+    drafters = PACKAGE / "drafters"
+    bad = {module_name(p): found for p in sorted(drafters.rglob("*.py")) if p != drafters / "__init__.py"
+           and (found := _imports_the_registry(p.read_text(), module_name(p), p.name == "__init__.py"))}
+    assert not bad, f"drafter modules importing the registry: {bad}"
+    # the check sees such imports, and lets a drafter import a sibling submodule
+    sneaky = "from specdemo.drafters import Option, pld\nfrom .. import knobs\nimport specdemo.drafters\n"
+    assert _imports_the_registry(sneaky, "specdemo.drafters.rest.drafter") == [
+        "from specdemo.drafters import Option", "from specdemo.drafters import knobs", "import specdemo.drafters"]
+    assert not _imports_the_registry("from specdemo.drafters import contract\n", "specdemo.drafters.toy")

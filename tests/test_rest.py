@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 
 from specdemo import budget as B
 from specdemo.drafters import DrafterUnavailable, make_drafter
+from specdemo.drafters.rest import build as RB
 from specdemo.drafters.rest import drafter as R
+from specdemo.drafters.rest.datastore import Datastore
 from specdemo.offline import build_datastore as D
 from specdemo.tree import DraftTree, TreeBuffers
 
@@ -148,7 +150,7 @@ def test_sources_and_weights_merge_store_and_context():
     tree = R.to_draft_tree(trie, R.select_subtree(trie, 10))
     assert tree.tokens[:2] == [5, 8] or tree.tokens[:2] == [8, 5]
     src = dict(zip(tree.tokens, tree.sources))
-    assert src[8] == "context" and src[5] == "datastore" and src[9] == "context"
+    assert src[8] == "prompt" and src[5] == "datastore" and src[9] == "prompt"
     assert R.select_subtree(trie, 2) == [int(np.flatnonzero(trie.tokens == 8)[0]),
                                          int(np.flatnonzero((trie.tokens == 9) & (trie.depth == 2))[0])]
 
@@ -159,6 +161,7 @@ def test_sources_and_weights_merge_store_and_context():
 class FakeTarget:
     def __init__(self, name="some/model", device="cpu", identity="Toy-8-000000000000"):
         self.name, self.device, self.identity = name, torch.device(device), identity
+        self.artifacts = {}
 
 
 def test_drafter_proposes_store_and_context_continuations(tmp_path):
@@ -166,20 +169,44 @@ def test_drafter_proposes_store_and_context_continuations(tmp_path):
     from specdemo.sampling import SamplingConfig
 
     tok = type("T", (), {"__len__": lambda s: 50, "get_vocab": lambda s: {str(i): i for i in range(50)}})()
-    D.build(tmp_path / "s", tok, token_docs=[[1, 2, 3, 4, 5, 6]] * 3 + [[1, 2, 3, 9]], progress=False)
-    store = D.Datastore(tmp_path / "s", vocab_size=50)
+    RB.build(tmp_path / "s", tok, token_docs=[[1, 2, 3, 4, 5, 6]] * 3 + [[1, 2, 3, 9]], progress=False)
+    store = Datastore(tmp_path / "s", vocab_size=50)
     drafter = R.RestDrafter(store=store, budget=8, context_weight=20.0)
     state = DecodeState([40, 41, 42, 43, 7, 1, 2, 3], 3, 64, SamplingConfig(), None)
     tree = drafter.propose(state)
     assert tree.tokens[0] == 4 and tree.sources[0] == "datastore" and store.retrieve(state.tokens, 16, 2, 100, 10)[0] == 3
     chain = [tree.tokens[j] for j in tree.path_to(len(tree) - 1)]
     assert chain == [4, 5, 6] and 9 in tree.tokens
-    # the request itself: "42 43" occurred earlier, followed by 7 1 2 3 ...: copied with the context label
+    # the request itself: "42 43" occurred earlier, followed by 7 1 2 3 ...: copied with the prompt label
     state = DecodeState([40, 41, 42, 43, 7, 1, 2, 3, 42, 43], 3, 64, SamplingConfig(), None)
     tree = drafter.propose(state)
-    assert tree.tokens[:1] == [7] and tree.sources[0] == "context"
+    assert tree.tokens[:1] == [7] and tree.sources[0] == "prompt"
     assert [tree.tokens[j] for j in tree.path_to(len(tree) - 1)][:4] == [7, 1, 2, 3]
     assert R.RestDrafter(store=store, budget=0).propose(state) == DraftTree.empty()
+
+
+def test_open_store_keeps_one_store_per_model_and_path(tmp_path):
+    """Opened once per model and kept on it (Target.artifacts, so it goes with the model); a store rebuilt in place
+    is opened afresh."""
+    import os
+
+    from specdemo.target import tokenizer_identity
+
+    tok = type("T", (), {"__len__": lambda s: 50, "get_vocab": lambda s: {str(i): i for i in range(50)}})()
+    RB.build(tmp_path / "s", tok, token_docs=[[1, 2, 3, 4]], progress=False)
+    target = FakeTarget(identity=tokenizer_identity(tok))
+    target.tokenizer = tok
+    first = R.open_store(tmp_path / "s", target)
+    assert R.open_store(str(tmp_path / "s"), target) is first
+    assert [v[1] for v in target.artifacts.values()] == [first]
+    other = FakeTarget(identity=target.identity)
+    other.tokenizer = tok
+    assert R.open_store(tmp_path / "s", other) is not first  # another model: its own
+    RB.build(tmp_path / "s", tok, token_docs=[[5, 6, 7]], progress=False)
+    stamp = (tmp_path / "s" / "manifest.json").stat().st_mtime_ns
+    os.utime(tmp_path / "s" / "manifest.json", ns=(stamp + 10**9, stamp + 10**9))  # a clearly newer manifest
+    again = R.open_store(tmp_path / "s", target)
+    assert again is not first and again.retrieve([5, 6], 16, 2)[0] == 2 and len(target.artifacts) == 1
 
 
 def test_unavailable_reason_and_errors_name_the_command(tmp_path):
@@ -196,14 +223,14 @@ def test_unavailable_reason_and_errors_name_the_command(tmp_path):
 
 def test_default_tree_size_follows_device_and_calibration(monkeypatch):
     """CPU with a calibration: sized per step under a cap of 24; CPU without one: a fixed 16-node tree; GPU: 64."""
-    monkeypatch.setattr(R, "calibration_available", lambda target, method: method == "rest")
+    monkeypatch.setattr(B, "calibration_available", lambda target, method: method == "rest")
     cpu = R.make(FakeTarget(), datastore="none")
-    assert (cpu.dynamic, cpu.budget) == (True, R.DYNAMIC_CAP)
+    assert (cpu.dynamic, cpu.budget) == (True, 24) and B.TREE_SIZES["rest"]["cpu"].dynamic_cap == 24
     gpu = R.make(FakeTarget(device="cuda"), datastore="none")
     assert (gpu.dynamic, gpu.budget) == (False, B.GPU_BUDGET)
-    monkeypatch.setattr(R, "calibration_available", lambda target, method: False)
+    monkeypatch.setattr(B, "calibration_available", lambda target, method: False)
     plain = R.make(FakeTarget(), datastore="none")
-    assert (plain.dynamic, plain.budget) == (False, R.CPU_BUDGET)
+    assert (plain.dynamic, plain.budget) == (False, 16) and B.TREE_SIZES["rest"]["cpu"].budget == 16
     assert R.make(FakeTarget(), datastore="none", dynamic=False, budget=9).budget == 9
 
 
@@ -222,7 +249,7 @@ def tiny_store(target, tmp_path_factory):
     out = tmp_path_factory.mktemp("rest") / "store"
     files = sorted(D.stdlib_dir().glob("*.py"))[:25]
     docs, _ = D.selfdistill_docs(__import__("specdemo.offline.corpus", fromlist=["x"]).SELFDISTILL_PATH, target.identity)
-    D.build_from_paths(out, target.tokenizer, files, progress=False, token_docs=docs[:200])
+    RB.build_from_paths(out, target.tokenizer, files, progress=False, token_docs=docs[:200])
     return out
 
 
@@ -246,7 +273,7 @@ def test_rest_is_lossless_greedy(target, tiny_store):
         assert any(e.tree_size for e in events) and sum(e.accepted for e in events) > 0
         assert len(events) < len(ar)
         for e in events:
-            assert e.tree_size <= 16 and (not e.tree.sources or set(e.tree.sources) <= {"datastore", "context"})
+            assert e.tree_size <= 16 and (not e.tree.sources or set(e.tree.sources) <= {"datastore", "prompt"})
 
 
 @pytest.mark.slow

@@ -72,9 +72,9 @@ def test_drafter_cache_matches_unrolled_training(tiny_llama):
     toks, _ = run_to_end(t, prompt, dr, GenerationConfig(max_new_tokens=12))
     seq = prompt + toks[:-1]  # every position whose feature the drafter has seen
     for h, want in enumerate(_unrolled_heads(t, heads, seq)):
-        n_ok = dr.done[h]
+        n_ok = dr.cached_until[h]
         assert n_ok >= len(prompt) - (h + 1)
-        torch.testing.assert_close(dr.G[h][:n_ok], want[:n_ok], atol=2e-3, rtol=1e-2)
+        torch.testing.assert_close(dr.head_outputs[h][:n_ok], want[:n_ok], atol=2e-3, rtol=1e-2)
 
 
 def test_window_matches_training_crop_and_stays_lossless(tiny_llama):
@@ -92,10 +92,10 @@ def test_window_matches_training_crop_and_stays_lossless(tiny_llama):
     assert toks == run_to_end(t, prompt, None, cfg)[0]
     start = len(prompt) - W
     for h, want in enumerate(_unrolled_heads(t, heads, prompt + toks[:-1], start)):
-        n = dr.done[h] - start
+        n = dr.cached_until[h] - start
         assert dr.caches[h].get_seq_length() == n  # only positions from the window on
-        torch.testing.assert_close(dr.G[h][start : dr.done[h]], want[:n], atol=2e-3, rtol=1e-2)
-        assert not dr.G[h][:start].any()
+        torch.testing.assert_close(dr.head_outputs[h][start : dr.cached_until[h]], want[:n], atol=2e-3, rtol=1e-2)
+        assert not dr.head_outputs[h][:start].any()
 
 
 @pytest.mark.parametrize("kind", ["s4c", "chain", "eagle"])
@@ -240,12 +240,12 @@ def test_embedded_shipped_heads_lossless(embedded):
             assert len(got) / len(events) > 1.2  # trained heads do accept drafts
 
 
-def test_context_graft_lossless_and_budget(tiny_llama):
+def test_prompt_lookup_graft_lossless_and_budget(tiny_llama):
     t = tiny_llama
     heads = _heads(t, 3)
     prompt = t.encode_prompt("repeat: one two three four one two three four one two")
     cfg = GenerationConfig(max_new_tokens=20)
     ref, _ = run_to_end(t, prompt, None, cfg)
-    got, events = run_to_end(t, prompt, S4CDrafter(t, heads, budget=12, context=5), cfg)
+    got, events = run_to_end(t, prompt, S4CDrafter(t, heads, budget=12, prompt_lookup=5), cfg)
     assert got == ref
     assert all(e.tree_size <= 12 for e in events)

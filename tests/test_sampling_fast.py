@@ -1,5 +1,6 @@
-"""choose_tokens against the straightforward full-vocabulary definition: filter_logits over every row, then the
-argmax of filtered / T + noise (the reference below).
+"""choose_tokens (its sampling half is sampling_fast.py) against the straightforward full-vocabulary definition:
+filter_logits over every row, then the argmax of filtered / T + noise (the reference below, written out again here
+with its own noise so that sampling.reference_tokens is checked too).
 
 The fast path decides top-k / top-p from a few candidates per row and takes the noise's logs only at kept tokens; it
 must return the reference's tokens exactly, including where float32 rounding or equal logits decide the top-p cut.
@@ -14,12 +15,13 @@ import math
 import pytest
 import torch
 
-from specdemo import sampling
+from specdemo import sampling, sampling_fast
 from specdemo.sampling import (
     SamplingConfig,
     choose_tokens,
     filter_logits,
     position_noise,
+    reference_tokens,
 )
 
 
@@ -88,6 +90,16 @@ def test_same_tokens_as_reference(vocab, kind):
                                                                                                    top_p, top_k)
 
 
+def test_the_rule_in_sampling_py_is_the_reference():
+    """sampling.reference_tokens (the rule as the package states it) gives this file's reference tokens, greedy too."""
+    gen = torch.Generator().manual_seed(4)
+    for kind in KINDS:
+        logits = make_logits(kind, 6, 1000, gen)
+        for temperature, top_p, top_k in itertools.product([0.0, 0.8], [0.9, 1.0], [0, 20]):
+            cfg = SamplingConfig(temperature, top_p, top_k, seed=kind.__len__())
+            assert reference_tokens(logits, positions_for(6), cfg) == ref_choose_tokens(logits, positions_for(6), cfg)
+
+
 def test_same_tokens_many_seeds_small_vocab():
     """Many seeds on few rows: the kept set and the noise both have to match for every draw, not only the likely one."""
     gen = torch.Generator().manual_seed(5)
@@ -111,7 +123,7 @@ def test_float16_and_bfloat16_logits():
 def paths(monkeypatch):
     """Counts the rows that leave the candidate path: sorted (cut too close to call) or sent to filter_logits."""
     counts = {"sorted": 0, "reference": 0}
-    sorted_cut = sampling._sorted_cut
+    sorted_cut = sampling_fast._sorted_cut
 
     def counting_sorted_cut(masked, top_p):
         counts["sorted"] += masked.shape[0]
@@ -121,8 +133,8 @@ def paths(monkeypatch):
         counts["reference"] += logits.shape[0]
         return filter_logits(logits, cfg)
 
-    monkeypatch.setattr(sampling, "_sorted_cut", counting_sorted_cut)
-    monkeypatch.setattr(sampling, "filter_logits", counting_filter_logits)
+    monkeypatch.setattr(sampling_fast, "_sorted_cut", counting_sorted_cut)
+    monkeypatch.setattr(sampling_fast, "filter_logits", counting_filter_logits)
     return counts
 
 
@@ -192,11 +204,11 @@ def test_gathered_noise_is_bit_identical():
     vocab = 49152
     full = position_noise(3, 17, vocab)
     assert torch.equal(full, ref_position_noise(3, 17, vocab))
-    u = sampling._position_uniforms(3, 17, vocab)
+    u = sampling.position_uniforms(3, 17, vocab)
     gen = torch.Generator().manual_seed(13)
     for size in (1, 3, 7, 63, 64, 65, 1000, 40000, vocab):
         ids = torch.randperm(vocab, generator=gen)[:size]
-        assert torch.equal(sampling._gumbel(u[ids]), full[ids]), size
+        assert torch.equal(sampling.gumbel(u[ids]), full[ids]), size
 
 
 def test_margin_bounds_the_reference_rounding():
@@ -205,7 +217,7 @@ def test_margin_bounds_the_reference_rounding():
     for kind, temperature in itertools.product(KINDS, [0.5, 1.0, 2.0]):
         x = make_logits(kind, 4, 49152, gen) / temperature
         probs = x.softmax(-1)
-        margin = sampling._top_p_margin(probs, probs.sum(-1).double())
+        margin = sampling_fast._top_p_margin(probs, probs.sum(-1).double())
         ordered = torch.sort(x, descending=True).values
         p = ordered.softmax(-1)
         before32 = (p.cumsum(-1) - p).double()

@@ -128,3 +128,15 @@ def test_distill_resumes_after_a_kill_and_writes_atomically(tiny_llama, tmp_path
     with pytest.raises(ValueError, match="another tokenizer or --max-new-tokens"):
         distill.distill(t, specs, out, max_new_tokens=7, progress=False, log=lambda m: None)
     assert distill.read_corpus(out)[1] == got
+
+
+def test_tune_prompts_are_the_training_turns_after_the_calibrations(tmp_path, monkeypatch):
+    """`calibrate --tune-prompts`: the turns that follow the calibration's own, in its order, as {"id", "prompt"}."""
+    from specdemo.offline import calibrate
+
+    turns = [(f"sg:c{i}:0", f"question {i}", [1, 2, i]) for i in range(10)]
+    monkeypatch.setattr(calibrate, "training_turns", lambda n, max_tokens, target: turns[:n])
+    path = tmp_path / "tune" / "p.jsonl"
+    assert calibrate.write_tune_prompts(None, path, 3, 4, 1024) == 3
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert rows == [{"id": f"sg:c{i}:0", "prompt": f"question {i}"} for i in (4, 5, 6)]

@@ -78,8 +78,10 @@ for method, lane in final["lanes"].items():
 
 
 def _signature(name: str, fn: Callable) -> str:
-    params = ", ".join(str(p).replace("'", '"') for p in inspect.signature(fn).parameters.values())
-    return f"/{name}({params}) -> dict   # streamed"
+    """`/name(param: type = default, ...)`, one parameter a line."""
+    params = [f"    {p.name}: {p.annotation}" + ("" if p.default is p.empty else f" = {p.default!r}".replace("'", '"'))
+              for p in inspect.signature(fn).parameters.values()]
+    return f"/{name}(\n" + ",\n".join(params) + "\n) -> dict   # streamed: one dict after every step, the last final"
 
 
 def methods_markdown() -> str:

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from specdemo import __version__
-from specdemo.app.request import RaceRequest
 from specdemo.metrics import Summary, acceptance_by_depth, summarize
 from specdemo.metrics import tau as tau_of
 from specdemo.metrics import tokens_per_s as tokens_per_s_of
+
+if TYPE_CHECKING:  # a record reads its request's fields only; the checks (and torch, with the registry) stay out
+    from specdemo.app.request import RaceRequest
 
 AR = "ar"
 

@@ -52,8 +52,8 @@ def spans_html(rec: RaceRecord, key: str) -> str:
 
 
 STEP_LEGEND = ('<div class="sd-legend sd-legend-step"><span class="sd-acc sd-s0">accepted</span><span '
-               'class="sd-acc sd-s1">draft</span> tokens (shade alternates per step) · plain = the target\'s own token '
-               '· hover for details</div>')
+               'class="sd-acc sd-s1">draft</span> tokens (shade alternates per step) · plain = the target\'s own '
+               'token · hover for details</div>')
 
 
 def legend_html(rec: RaceRecord, lanes: list[str]) -> str:

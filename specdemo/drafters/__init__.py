@@ -1,194 +1,137 @@
 """Drafters: each proposes a draft tree per step; the engine verifies it.  This file is the one registry.
 
-A drafter is a module or package `specdemo/drafters/<name>` that provides
-    make(target, **options) -> Drafter        # raises DrafterUnavailable with the command that creates the artifact
-    unavailable_reason(target) -> str | None  # None when usable on this model (cheap: no heavy loading)
-    OPTIONS: tuple[Option, ...]               # every option `make` takes: type, allowed values, help (checked here)
-    KNOBS: tuple[Knob, ...]                   # the options the page shows as sliders
-    note(target) -> str | None                # optional: something the page should say about this model
-plus one `Method` entry in REGISTRY below.  The page, the `/race` API, the bench and the CLI help all read REGISTRY.
+Adding a drafter is one module or package that keeps the contract (specdemo/drafters/contract.py) and one `Method`
+entry: the built-in ones below, or `register(Method(...))` at run time.  The page, the `/race` API, the bench and the
+CLI help all read the registry; `REGISTRY`, `METHODS`, `BY_NAME` and `LABELS` are live read-only views, so a module
+that imported them sees later registrations (a value copied out of them at import time does not).
 """
 from __future__ import annotations
 
 import importlib
-import math
-from dataclasses import dataclass
-from pathlib import Path
-from types import ModuleType
+from collections.abc import Callable, Iterator, Sequence
+from types import MappingProxyType, ModuleType
 
+from specdemo.drafters.contract import (
+    PROMPT,
+    DrafterUnavailable,
+    DraftSource,
+    Knob,
+    Method,
+    Option,
+    as_number,
+    number_text,
+    renamed_options,
+)
 from specdemo.engine import Drafter
 from specdemo.target import Target
 
+__all__ = ["REGISTRY", "METHODS", "BY_NAME", "LABELS", "DEFAULT_METHOD", "PROMPT", "DraftSource", "DrafterUnavailable",
+           "Knob", "Method", "Option", "all_knobs", "all_sources", "as_number", "build_drafter", "by_default_rank",
+           "check_options", "knobs", "make_drafter", "module", "note", "number_text", "options", "register", "sources",
+           "unavailable_reason", "unregister"]
 
-class DrafterUnavailable(RuntimeError):
-    """A drafter's artifact (datastore, heads, adapter) is missing or wrong for this model; says how to make it."""
-
-
-@dataclass(frozen=True)
-class Option:
-    """One option of a drafter's `make`, as a request may set it: its type and allowed values.
-
-    kind: "int", "float", "bool", "choice" (one of `choices`), "counts" (integers in the range, comma-separated or a
-    list) or "path" (a file, folder or hub id; refused in the public mode).  `special`: words accepted besides the
-    range or kind (e.g. "auto", "default", "none").
-    """
-
-    name: str
-    kind: str
-    minimum: float | None = None
-    maximum: float | None = None
-    choices: tuple[str, ...] = ()
-    special: tuple[str, ...] = ()
-    help: str = ""
-
-    def allowed(self) -> str:
-        """The allowed values in words, for messages and the API docs."""
-        if self.kind in ("int", "float"):
-            word = "an integer" if self.kind == "int" else "a number"
-            if self.minimum is not None and self.maximum is not None:
-                text = f"{word} from {number_text(self.minimum)} to {number_text(self.maximum)}"
-            elif self.minimum is not None:
-                text = f"{word} >= {number_text(self.minimum)}"
-            else:
-                text = word
-        elif self.kind == "bool":
-            text = "true or false"
-        elif self.kind == "choice":
-            text = "one of " + ", ".join(repr(c) for c in self.choices)
-        elif self.kind == "counts":
-            text = f"integers from {number_text(self.minimum)} to {number_text(self.maximum)}, comma-separated"
-        else:
-            text = "a folder, file or hub id"
-        return text + "".join(f" or {w!r}" for w in self.special)
-
-    def check(self, value):
-        """The value as `make` takes it; ValueError naming the allowed values otherwise."""
-        bad = ValueError(f"option {self.name}={value!r} is not allowed: give {self.allowed()}.")
-        if isinstance(value, str) and value.strip().lower() in self.special:
-            return value.strip().lower()
-        if self.kind == "bool":
-            if isinstance(value, bool):
-                return value
-            if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-                return value.strip().lower() == "true"
-            raise bad
-        if self.kind == "choice":
-            if isinstance(value, str) and value.strip().lower() in self.choices:
-                return value.strip().lower()
-            raise bad
-        if self.kind == "counts":
-            items = value.split(",") if isinstance(value, str) else value if isinstance(value, (list, tuple)) else [value]
-            numbers = [as_number(x) for x in items if not (isinstance(x, str) and not x.strip())]
-            if not numbers or len(numbers) > 32 or any(
-                    n is None or n != int(n) or not self.minimum <= n <= self.maximum for n in numbers):
-                raise bad
-            return [int(n) for n in numbers]
-        if self.kind == "path":
-            if isinstance(value, (str, Path)) and str(value).strip() and len(str(value)) <= 4096:
-                return str(value).strip()
-            raise bad
-        number = as_number(value)
-        if number is None or (self.kind == "int" and number != int(number)):
-            raise bad
-        if (self.minimum is not None and number < self.minimum) or (self.maximum is not None and number > self.maximum):
-            raise bad
-        return int(number) if self.kind == "int" else float(number)
-
-
-def number_text(x: float) -> str:
-    """A bound as people write it: 64, not 64.0; 0.5, not 0.500000."""
-    return str(int(x)) if float(x).is_integer() else f"{x:g}"
-
-
-def as_number(value) -> int | float | None:
-    """A finite int or float, or a string of one (an integer string stays an exact int, so 2**63 - 1 survives);
-    None for anything else, booleans included.  Requests from JSON and from forms arrive as either."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, str):
-        for parse in (int, float):
-            try:
-                value = parse(value.strip())
-                break
-            except ValueError:
-                continue
-        else:
-            return None
-    if isinstance(value, (int, float)) and math.isfinite(value):
-        return value
-    return None
-
-
-@dataclass(frozen=True)
-class Knob:
-    """One per-method setting, passed to `make(target, **{option: value})`.
-
-    zero -- what a slider at 0 means: None (0 is not allowed), "omit" (leave the drafter's own default, e.g. REST's
-    device-dependent budget) or a value to pass instead.
-    """
-
-    method: str
-    option: str
-    label: str
-    minimum: int
-    maximum: int
-    value: int
-    info: str = ""
-    zero: str | None = None
-
-    def resolve(self, value) -> tuple[bool, object]:
-        """(pass it?, value) for a slider value; the value itself is checked later, against the method's Option."""
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0 and self.zero is not None:
-            return (False, None) if self.zero == "omit" else (True, self.zero)
-        return True, int(value) if isinstance(value, float) and value.is_integer() else value
-
-
-@dataclass(frozen=True)
-class Method:
-    name: str  # what requests and the bench call it
-    label: str  # what people read
-    summary: str  # one line for the page and the API docs
-    default_rank: int  # which available method the page selects first (lowest wins)
-
-
-REGISTRY: tuple[Method, ...] = (  # the order the page shows them in
-    Method("rest", "REST", "drafts retrieved from a datastore of text and from the request itself", 0),
-    Method("s4c", "S4C", "three draft heads on the target's features, a continuous verification tree", 2),
-    Method("sdsat", "SDSAT", "adaptive tokens that draft the next tokens inside the verification forward", 3),
-    Method("pld", "Prompt lookup", "copies what followed the last occurrence of the current n-gram", 1),
+BUILT_IN = (  # the order the page shows them in
+    Method("rest", "REST", "drafts retrieved from a datastore of text and from the request itself", 0, "#16a34a",
+           "specdemo.drafters.rest"),
+    Method("s4c", "S4C", "three draft heads on the target's features, a continuous verification tree", 2, "#2563eb",
+           "specdemo.drafters.s4c"),
+    Method("sdsat", "SDSAT", "adaptive tokens that draft the next tokens inside the verification forward", 3,
+           "#ea580c", "specdemo.drafters.sdsat"),
+    Method("pld", "Prompt lookup", "copies what followed the last occurrence of the current n-gram", 1, "#db2777",
+           "specdemo.drafters.pld"),
 )
-BY_NAME = {m.name: m for m in REGISTRY}
-METHODS = ("ar",) + tuple(m.name for m in REGISTRY)  # ar: plain decoding, no drafter
-LABELS = {"ar": "Autoregressive", **{m.name: m.label for m in REGISTRY}}
+# What a request that names no method races: prompt lookup needs no artifact, so it runs on any model.  (The page
+# instead selects the available method of lowest `default_rank`: see by_default_rank.)
+DEFAULT_METHOD = "pld"
+REQUIRED = ("make", "unavailable_reason", "OPTIONS", "KNOBS", "SOURCES")  # what a drafter module must define
+
+_entries: list[Method] = []
+_by_name: dict[str, Method] = {}
+_labels: dict[str, str] = {"ar": "Autoregressive"}  # ar: plain decoding, no drafter
+_modules: dict[str, ModuleType] = {}
+
+
+class _LiveTuple(Sequence):
+    """A read-only view that reads as the tuple `make()` returns now (iteration, indexing, `in`, `+`, ==)."""
+
+    def __init__(self, make: Callable[[], tuple]):
+        self._make = make
+
+    def __getitem__(self, index):
+        return self._make()[index]
+
+    def __len__(self) -> int:
+        return len(self._make())
+
+    def __iter__(self) -> Iterator:
+        return iter(self._make())
+
+    def __add__(self, other) -> tuple:
+        return self._make() + tuple(other)
+
+    def __radd__(self, other) -> tuple:
+        return tuple(other) + self._make()
+
+    def __eq__(self, other) -> bool:
+        return self._make() == (tuple(other) if isinstance(other, (_LiveTuple, tuple, list)) else other)
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return repr(self._make())
+
+
+REGISTRY: Sequence[Method] = _LiveTuple(lambda: tuple(_entries))
+METHODS: Sequence[str] = _LiveTuple(lambda: ("ar",) + tuple(m.name for m in _entries))
+BY_NAME = MappingProxyType(_by_name)
+LABELS = MappingProxyType(_labels)
+
+
+def register(method: Method) -> None:
+    """Add a drafter to the registry (after the others); its module is imported on first use."""
+    if method.name in _by_name or method.name == "ar":
+        raise ValueError(f"A method named '{method.name}' is already registered.")
+    if not method.name or method.name != method.name.strip().lower():
+        raise ValueError(f"Method names are lower-case words, got '{method.name}'.")
+    _entries.append(method)
+    _by_name[method.name] = method
+    _labels[method.name] = method.label
+
+
+def unregister(name: str) -> None:
+    """Remove a registered drafter (tests register toy ones); the request default cannot go."""
+    if name == DEFAULT_METHOD:
+        raise ValueError(f"'{name}' is the default method and stays registered.")
+    method = _by_name.pop(name)
+    _entries.remove(method)
+    del _labels[name]
+    _modules.pop(name, None)
+
+
+for _method in BUILT_IN:
+    register(_method)
+
+
+def by_default_rank() -> tuple[str, ...]:
+    """Method names, lowest `default_rank` first: the page selects the first one available on the loaded model."""
+    return tuple(m.name for m in sorted(_entries, key=lambda m: m.default_rank))
 
 
 def module(method: str) -> ModuleType:
-    """The drafter module of a registered method."""
-    if method not in BY_NAME:
+    """The drafter module of a registered method, imported by its `Method.module` path and checked once."""
+    if method not in _by_name:
         raise ValueError(f"Unknown method '{method}'. Known: {', '.join(METHODS)}.")
-    return importlib.import_module(f"specdemo.drafters.{method}")
+    if method not in _modules:
+        mod = importlib.import_module(_by_name[method].module)
+        missing = [name for name in REQUIRED if not hasattr(mod, name)]
+        if missing:
+            raise TypeError(f"The drafter module {mod.__name__} lacks {', '.join(missing)} (see drafters/contract.py).")
+        _modules[method] = mod
+    return _modules[method]
 
 
 def options(method: str) -> tuple[Option, ...]:
     return tuple(module(method).OPTIONS)
-
-
-def check_options(method: str, values: dict) -> dict:
-    """`values` checked against the method's declared options: unknown names and values out of range raise a
-    ValueError that lists what is allowed; the result holds the values as `make` takes them."""
-    if method == "ar":
-        if values:
-            raise ValueError("Autoregressive decoding takes no options.")
-        return {}
-    declared = {o.name: o for o in options(method)}
-    unknown = [name for name in values if name not in declared]
-    if unknown:
-        listing = "; ".join(f"{o.name} ({o.allowed()})" for o in declared.values())
-        raise ValueError(f"{LABELS[method]} has no option {', '.join(map(repr, unknown))}. Its options: {listing}.")
-    try:
-        return {name: declared[name].check(v) for name, v in values.items()}
-    except ValueError as exc:
-        raise ValueError(f"{LABELS[method]}: {exc}") from None
 
 
 def knobs(method: str) -> tuple[Knob, ...]:
@@ -197,7 +140,42 @@ def knobs(method: str) -> tuple[Knob, ...]:
 
 def all_knobs() -> tuple[Knob, ...]:
     """Every method's knobs in registry order (the page's sliders, in the order its handler reads them)."""
-    return tuple(k for m in REGISTRY for k in knobs(m.name))
+    return tuple(k for m in _entries for k in knobs(m.name))
+
+
+def sources(method: str) -> tuple[DraftSource, ...]:
+    """Every source a method's draft nodes can carry."""
+    return tuple(module(method).SOURCES)
+
+
+def all_sources() -> dict[str, DraftSource]:
+    """Every registered method's sources by name, each once, in registry order (the page's legend and colours)."""
+    out: dict[str, DraftSource] = {}
+    for m in _entries:
+        for source in sources(m.name):
+            out.setdefault(source.name, source)
+    return out
+
+
+def check_options(method: str, values: dict) -> dict:
+    """`values` checked against the method's declared options: former names are renamed (with a
+    DeprecationWarning), unknown names and values out of range raise a ValueError that lists what is allowed; the
+    result holds the values as `make` takes them, under their current names."""
+    if method == "ar":
+        if values:
+            raise ValueError("Autoregressive decoding takes no options.")
+        return {}
+    declared = options(method)
+    values = renamed_options(declared, values, _labels[method])
+    by_name = {o.name: o for o in declared}
+    unknown = [name for name in values if name not in by_name]
+    if unknown:
+        listing = "; ".join(f"{o.name} ({o.allowed()})" for o in declared)
+        raise ValueError(f"{_labels[method]} has no option {', '.join(map(repr, unknown))}. Its options: {listing}.")
+    try:
+        return {name: by_name[name].check(v) for name, v in values.items()}
+    except ValueError as exc:
+        raise ValueError(f"{_labels[method]}: {exc}") from None
 
 
 def note(method: str, target: Target) -> str | None:
@@ -205,13 +183,20 @@ def note(method: str, target: Target) -> str | None:
     return fn(target) if fn else None
 
 
-def make_drafter(method: str, target: Target, **values) -> Drafter | None:
-    """A fresh drafter for `method` on `target` (None for plain AR), its options checked against its declarations."""
+def build_drafter(method: str, target: Target, checked: dict) -> Drafter | None:
+    """A fresh drafter for `method` on `target` (None for plain AR) from options that `check_options` already
+    checked (the request edge): they are not checked again."""
     method = method.lower().strip()
-    values = check_options(method, values)
     if method == "ar":
         return None
-    return module(method).make(target, **values)
+    return module(method).make(target, **checked)
+
+
+def make_drafter(method: str, target: Target, **values) -> Drafter | None:
+    """A fresh drafter for `method` on `target` (None for plain AR), its options checked against its declarations:
+    the path for callers that have not checked them (bench, CLI, scripts)."""
+    method = method.lower().strip()
+    return build_drafter(method, target, check_options(method, values))
 
 
 def unavailable_reason(method: str, target: Target) -> str | None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specdemo.budget import cost_at, relative_cost, verify_cost_curve
-from specdemo.drafters import Knob, Option
+from specdemo.drafters.contract import PROMPT, Knob, Option
 from specdemo.engine import DecodeState, Drafter, Verified
 from specdemo.tree import DraftTree
 
@@ -39,7 +39,7 @@ class PromptLookupDrafter(Drafter):
     adaptive: bool = True
     name: str = "pld"
     rel_cost: dict[int, float] | None = None  # relative verify cost by draft size; measured when None and adaptive
-    stats: dict[tuple[int, bool], list[float]] = field(default_factory=dict, init=False)  # (n-gram size, hit) -> [matched, misses]
+    stats: dict[tuple[int, bool], list[float]] = field(default_factory=dict, init=False)  # (n-gram length, hit) -> [matched, misses]
     _shadows: list[tuple[tuple[int, bool], int, list[int]]] = field(default_factory=list)  # (situation, pos, cont)
     _hit: bool = False  # did the previous lookup's first token come true?
 
@@ -49,14 +49,14 @@ class PromptLookupDrafter(Drafter):
         self.stats, self._shadows, self._hit = {}, [], False
 
     def propose(self, state: DecodeState) -> DraftTree:
-        n, draft = lookup_with_size(state.tokens, self.num_tokens, self.max_ngram, self.min_ngram)
-        situation = (n, self._hit)
+        ngram_length, draft = lookup_with_ngram_length(state.tokens, self.num_tokens, self.max_ngram, self.min_ngram)
+        situation = (ngram_length, self._hit)
         self._hit = False
         if draft:
             self._shadows.append((situation, len(state.tokens), draft))
             if self.adaptive and self.rel_cost:
                 draft = draft[: self._best_length(situation, len(draft))]
-        return DraftTree.chain(draft, "context")
+        return DraftTree.chain(draft, PROMPT.name)
 
     def acceptance_rate(self, situation: tuple[int, bool]) -> float:
         matched, misses = self.stats.get(situation, (0, 0))
@@ -113,11 +113,13 @@ def unavailable_reason(target) -> str | None:
 
 def lookup(tokens: list[int], num_tokens: int, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:
     """Continuation of the latest earlier occurrence of the longest matching suffix n-gram."""
-    return lookup_with_size(tokens, num_tokens, max_ngram, min_ngram)[1]
+    return lookup_with_ngram_length(tokens, num_tokens, max_ngram, min_ngram)[1]
 
 
-def lookup_with_size(tokens: list[int], num_tokens: int, max_ngram: int = 3, min_ngram: int = 1) -> tuple[int, list[int]]:
-    """(n-gram size, continuation) of the latest earlier occurrence of the longest matching suffix n-gram."""
+def lookup_with_ngram_length(tokens: list[int], num_tokens: int, max_ngram: int = 3,
+                             min_ngram: int = 1) -> tuple[int, list[int]]:
+    """(length of the matched n-gram, continuation) of the latest earlier occurrence of the longest matching suffix
+    n-gram; (0, []) when none matches.  The length is what grafting drafters score the continuation by."""
     seq = np.asarray(tokens, dtype=np.int64)
     n_tok = len(seq)
     for n in range(min(max_ngram, n_tok - 1), min_ngram - 1, -1):
@@ -130,6 +132,8 @@ def lookup_with_size(tokens: list[int], num_tokens: int, max_ngram: int = 3, min
                 return n, cont.tolist()
     return 0, []
 
+
+SOURCES = (PROMPT,)
 
 KNOBS = (
     Knob("pld", "num_tokens", "Draft length", 1, 32, 10, "tokens copied after a match"),

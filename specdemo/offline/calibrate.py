@@ -9,6 +9,12 @@ spells what the target commits.  Greedy decoding and sampling get separate table
 Prompts: first user turns of ShareGPT's *training* split that were not distilled into the shipped corpora (so REST
 cannot retrieve their own answers and the heads have not seen them), decontaminated against HumanEval and Spec-Bench
 like every training prompt.  The evaluation sets are never used here.
+
+`--tune-prompts PATH` calibrates nothing: it writes the `--tune-n` turns that follow the calibration's own `--prompts`
+in the same order, as {"id", "prompt"} lines: the prompts defaults (tree shapes, graft lengths) are tuned on, with
+`python -m specdemo bench --prompts PATH`, before they are confirmed on the held-out evaluation sets.
+
+    python -m specdemo calibrate --tune-prompts runs/tune_sharegpt.jsonl --tune-n 24
 """
 from __future__ import annotations
 
@@ -41,7 +47,7 @@ def training_prompts(n: int, max_prompt_tokens: int, target) -> list[tuple[str, 
 
 def training_turns(n: int, max_prompt_tokens: int, target) -> list[tuple[str, str, list[int]]]:
     """(id, user text, prompt ids) of the first `n` such turns; the calibration takes the first ones, tuning runs
-    (scripts/sharegpt_tune_prompts.py) the ones after them."""
+    (`--tune-prompts`) the ones after them."""
     seen = set()
     for path in DISTILLED_CORPORA:
         _, records = read_corpus(Path(path))
@@ -86,7 +92,20 @@ def register(sub) -> None:
     p.add_argument("--update", action="store_true",
                    help="keep the other methods' tables of an existing file made with the same prompts and settings "
                         "(refit one drafter after changing it)")
+    p.add_argument("--tune-prompts", default=None, metavar="PATH.jsonl",
+                   help="instead of calibrating, write the tuning prompts (the turns after the calibration's) here")
+    p.add_argument("--tune-n", type=int, default=24, help="with --tune-prompts: how many")
     p.set_defaults(func=_cli)
+
+
+def write_tune_prompts(target, path: Path, n: int, skip: int, max_prompt_tokens: int) -> int:
+    """The `n` training turns after the calibration's `skip` as {"id", "prompt"} JSONL at `path`; returns how many."""
+    picked = training_turns(skip + n, max_prompt_tokens, target)[skip:]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for pid, text, _ in picked:
+            f.write(json.dumps({"id": pid, "prompt": text}) + "\n")
+    return len(picked)
 
 
 def _kept(out: Path, target, prompts, args) -> tuple[dict, dict, dict]:
@@ -113,6 +132,10 @@ def _cli(args) -> int:
     if unknown:
         raise ValueError(f"calibrate knows {', '.join(METHOD_OPTIONS)}; got {', '.join(unknown)}")
     target = load_target(args.model)
+    if args.tune_prompts:
+        n = write_tune_prompts(target, Path(args.tune_prompts), args.tune_n, args.prompts, args.max_prompt_tokens)
+        print(f"wrote {n} prompts to {args.tune_prompts}")
+        return 0
     prompts = training_prompts(args.prompts, args.max_prompt_tokens, target)
     out = Path(args.out) if args.out else default_path(target.name)
     command = "python -m specdemo calibrate " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["calibrate"] else [])

@@ -9,12 +9,23 @@ the library's code, become the corpus (`python -m specdemo distill --prompts std
 The functions come from the same files as the default datastore's stdlib part (no tests, IDLE, demos or bundled
 third-party code); prompts sharing a word 10-gram with an evaluation set are dropped; the order is a fixed hash, so
 `--first N` takes the same N functions on every machine with the same Python.
+
+S4C's extra training data (`python -m specdemo distill --prompts stdlib-source`, `source_records`) pairs such a
+request with the library's own code instead: not the target's answer, but S4C's training reads only the target's
+teacher-forced features on it (labels are the target's own argmax), which costs one forward per record instead of
+generation.  Those records come from their own, older selection (every top-level function of 150-1500 characters,
+shuffled with a seed), which the shipped heads were trained on.
 """
 from __future__ import annotations
 
 import ast
+import gzip
 import hashlib
+import json
+import random
+import sysconfig
 from functools import lru_cache
+from pathlib import Path
 from typing import Iterator
 
 from specdemo.offline.build_datastore import stdlib_dir, stdlib_files
@@ -76,3 +87,55 @@ def stdlib_prompts(limit: int = 0, decontaminate=None) -> list[dict]:
     out = [{"id": pid, "prompt": HUMANEVAL_WRAP.format(prompt=stub)} for pid, stub in _stdlib_stubs()
            if check.clean(stub)]
     return out[:limit] if limit else out
+
+
+SOURCE_SKIP_PARTS = ("test", "tests", "idlelib", "lib2to3", "turtledemo", "site-packages")
+SOURCE_CHARS = (150, 1500)  # a function's source: long enough to teach something, short enough for one answer
+
+
+def source_functions(root: Path) -> Iterator[tuple[str, str, str]]:
+    """("file.py:name", head, body) of the top-level functions of the library under `root` whose source has
+    SOURCE_CHARS characters; head = the def line(s) and the docstring, body = the whole function."""
+    for path in sorted(root.glob("*.py")) + sorted(root.glob("*/*.py")):
+        if any(part in SOURCE_SKIP_PARTS for part in path.parts):
+            continue
+        try:
+            src = path.read_text(encoding="utf-8")
+            tree = ast.parse(src)
+        except Exception:  # files that are not this Python's syntax or not UTF-8: skipped
+            continue
+        lines = src.splitlines()
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.col_offset == 0:
+                body = "\n".join(lines[node.lineno - 1 : node.end_lineno])
+                if not SOURCE_CHARS[0] <= len(body) <= SOURCE_CHARS[1]:
+                    continue
+                doc = ast.get_docstring(node)
+                head_end = node.body[0].end_lineno if doc else node.body[0].lineno - 1
+                head = "\n".join(lines[node.lineno - 1 : head_end])
+                yield f"{path.name}:{node.name}", head, body
+
+
+def source_records(target, max_tokens: int, seed: int = 0, root: Path | None = None) -> list[dict]:
+    """{"id", "prompt_ids", "answer_ids"} records, until `max_tokens` answer tokens: the chat-templated request
+    "Complete this Python function:" + a function's head, answered by the whole function in a ```python block and
+    EOS.  The functions of `root` (default: this interpreter's standard library) in a seeded shuffle."""
+    tok = target.tokenizer
+    items = list(source_functions(root or Path(sysconfig.get_paths()["stdlib"])))
+    random.Random(seed).shuffle(items)
+    out, total = [], 0
+    for fid, head, body in items:
+        prompt = target.encode_prompt(f"Complete this Python function:\n```python\n{head}\n```")
+        answer = tok(f"```python\n{body}\n```", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        out.append({"id": fid, "prompt_ids": prompt, "answer_ids": answer})
+        total += len(answer)
+        if total >= max_tokens:
+            break
+    return out
+
+
+def write_records(path: Path, records: list[dict]) -> None:
+    """Gzip JSONL, one record a line and no header (the trainers read it as plain prompt/answer records)."""
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")

@@ -15,6 +15,11 @@ history, decontaminated; see sharegpt.py; `--heldout N` adds N held-out first tu
 evaluation), `stdlib` ("complete this function" requests built from the standard library's documented functions,
 see code_prompts.py; `--first N` takes N of them, 0 all), `project` (the project's own prompt set,
 assets/corpus/prompts.jsonl) or a JSONL file of {"id", "prompt"} or {"id", "messages"} lines.
+
+`--prompts stdlib-source` distils nothing: it writes S4C's extra training data, stdlib functions as requests answered
+by their own code, until `--max-tokens` answer tokens (code_prompts.source_records; no header, no journal):
+
+    python -m specdemo distill --prompts stdlib-source --max-tokens 90000 --out runs/s4c_stdlib.jsonl.gz
 """
 from __future__ import annotations
 
@@ -112,14 +117,35 @@ def write_decontaminated(tokenizer, path: Path, header: dict, records: list[dict
 def distill(target, specs: list[dict], out: Path, max_new_tokens: int = 256, max_prompt_tokens: int = 1024,
             batch_size: int = 32, minutes: float = 0.0, progress: bool = True, log=print) -> dict:
     """Answer every prompt of `specs` not yet in `out`; returns counts and throughput."""
-    from tqdm import tqdm
-
     header = {"format": FORMAT, "version": VERSION, "model": target.name, "tokenizer": target.identity,
               "max_new_tokens": max_new_tokens, "decoding": "greedy, batched, left-padded, chat template"}
     old, records = read_corpus(out)
     if old and (old.get("tokenizer") != header["tokenizer"] or old.get("max_new_tokens") != max_new_tokens):
         raise ValueError(f"{out} was made with another tokenizer or --max-new-tokens; move it away to start over")
     done = {r["id"] for r in records} | set((old or {}).get("dropped", []))
+    todo, skipped = _todo(target, specs, done, max_prompt_tokens)
+    log(f"distill: {len(done)} prompts done, {len(todo)} to go ({skipped} longer than {max_prompt_tokens} tokens "
+        f"skipped), batch {batch_size}, {target.describe()}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    journal = journal_path(out)
+    if not journal.exists() or journal.stat().st_size == 0:
+        _append(journal, [header])
+    t_start = time.time()
+    n_new = _answer(target, todo, journal, records, max_new_tokens, batch_size, minutes, progress, log)
+    header["dropped"] = (old or {}).get("dropped", [])
+    records = write_decontaminated(target.tokenizer, out, header, records, log)
+    elapsed = time.time() - t_start
+    stats = {"records": len(records), "answer_tokens": sum(len(r["answer_ids"]) for r in records),
+             "new_answer_tokens": n_new, "seconds": round(elapsed, 1),
+             "tokens_per_s": round(n_new / elapsed, 1) if elapsed else 0.0, "bytes": out.stat().st_size}
+    log(f"distill: {stats['records']} records, {stats['answer_tokens']} answer tokens ({n_new} new at "
+        f"{stats['tokens_per_s']} tok/s), {stats['bytes'] / 1e6:.2f} MB -> {out}")
+    return stats
+
+
+def _todo(target, specs: list[dict], done: set[str], max_prompt_tokens: int) -> tuple[list[tuple[str, list[int]]], int]:
+    """(id, chat-templated prompt ids) of the prompts still to answer, longest first (a batch that does not fit fails
+    at once, not hours in), and how many were skipped as longer than `max_prompt_tokens`."""
     todo = []
     skipped = 0
     for s in specs:
@@ -130,13 +156,16 @@ def distill(target, specs: list[dict], out: Path, max_new_tokens: int = 256, max
             skipped += 1
             continue
         todo.append((s["id"], ids))
-    log(f"distill: {len(done)} prompts done, {len(todo)} to go ({skipped} longer than {max_prompt_tokens} tokens "
-        f"skipped), batch {batch_size}, {target.describe()}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    journal = journal_path(out)
-    if not journal.exists() or journal.stat().st_size == 0:
-        _append(journal, [header])
-    todo.sort(key=lambda x: -len(x[1]))  # long prompts first: a batch that does not fit fails at once
+    todo.sort(key=lambda x: -len(x[1]))
+    return todo, skipped
+
+
+def _answer(target, todo: list[tuple[str, list[int]]], journal: Path, records: list[dict], max_new_tokens: int,
+            batch_size: int, minutes: float, progress: bool, log) -> int:
+    """Greedy answers of `todo` in left-padded batches, each batch appended to the journal (and to `records`) as soon
+    as it is done; stops starting batches after `minutes` (0: no limit).  Returns the answer tokens generated."""
+    from tqdm import tqdm
+
     tok = target.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else sorted(target.eos_ids)[0]
     t_start, n_new = time.time(), 0
@@ -162,21 +191,14 @@ def distill(target, specs: list[dict], out: Path, max_new_tokens: int = 256, max
         bar.update(len(batch))
         bar.set_postfix(tok_s=f"{n_new / (time.time() - t_start):.0f}", tokens=n_new)
     bar.close()
-    header["dropped"] = (old or {}).get("dropped", [])
-    records = write_decontaminated(target.tokenizer, out, header, records, log)
-    elapsed = time.time() - t_start
-    stats = {"records": len(records), "answer_tokens": sum(len(r["answer_ids"]) for r in records),
-             "new_answer_tokens": n_new, "seconds": round(elapsed, 1),
-             "tokens_per_s": round(n_new / elapsed, 1) if elapsed else 0.0, "bytes": out.stat().st_size}
-    log(f"distill: {stats['records']} records, {stats['answer_tokens']} answer tokens ({n_new} new at "
-        f"{stats['tokens_per_s']} tok/s), {stats['bytes'] / 1e6:.2f} MB -> {out}")
-    return stats
+    return n_new
 
 
 def register(sub) -> None:
     p = sub.add_parser("distill", help="self-distil a corpus: the target's greedy answers to many prompts")
     p.add_argument("--model", default="embedded", help="'embedded', a hub id or a local path")
-    p.add_argument("--prompts", default="sharegpt", help="sharegpt | stdlib | project | PATH.jsonl[.gz]")
+    p.add_argument("--prompts", default="sharegpt",
+                   help="sharegpt | stdlib | project | PATH.jsonl[.gz]; stdlib-source: S4C's extra data (module doc)")
     p.add_argument("--first", type=int, default=8000,
                    help="sharegpt: first user turns of training conversations; stdlib: functions (0 = all)")
     p.add_argument("--later", type=int, default=2000, help="sharegpt: later turns, with their real history")
@@ -189,6 +211,8 @@ def register(sub) -> None:
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default="float32", help="float32 keeps the answers those of the CPU demo's model")
     p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--max-tokens", type=int, default=90000,
+                   help="stdlib-source: answer tokens to write (the functions' own code)")
     p.add_argument("--decontaminate-only", action="store_true",
                    help="only drop the records of OUT that share a 10-gram with an evaluation set")
     p.set_defaults(func=_cli)
@@ -205,6 +229,13 @@ def _cli(args) -> int:
     if args.decontaminate_only:
         header, records = read_corpus(args.out)
         write_decontaminated(load_tokenizer(args.model), args.out, header, records)
+        return 0
+    if args.prompts == "stdlib-source":
+        records = code_prompts.source_records(load_target(args.model, args.device, args.dtype), args.max_tokens)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        code_prompts.write_records(args.out, records)
+        print(f"wrote {len(records)} functions, {sum(len(r['answer_ids']) for r in records)} answer tokens to "
+              f"{args.out}")
         return 0
     specs = prompt_specs(args.prompts, args.first, args.later, args.heldout)
     target = load_target(args.model, args.device, args.dtype)

@@ -97,6 +97,8 @@ def command_line() -> str:
     """The command that started this process, as a user would type it again."""
     if sys.argv[0].endswith("__main__.py"):
         return " ".join(["python -m specdemo"] + sys.argv[1:])
+    if Path(sys.argv[0]).name == "specdemo":  # the installed console script
+        return " ".join(["specdemo"] + sys.argv[1:])
     return " ".join(sys.argv)
 
 

@@ -15,20 +15,18 @@ into earlier ones through g.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
-import os
 import random
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from specdemo.artifacts import architecture_hash
 from specdemo.drafters.s4c.heads import (
     TRAINED_PROMPT,
     S4CHeads,
@@ -36,64 +34,14 @@ from specdemo.drafters.s4c.heads import (
     save_heads,
 )
 from specdemo.offline import corpus, train_loop
-from specdemo.target import cache_root, load_target
-
-
-# ---------------------------------------------------------------------------------------------------------- data
-def read_records(paths: list[str], first: list[int] | None = None) -> list[dict]:
-    """Records {"id", "ids", "start"} (start = first answer position) for the unrolled training.  `first` takes the
-    first N records of each file (one number per file, or one for all; 0 = all): a fine-tune mixes a new corpus with a
-    replay slice of the old ones without computing features for all of them."""
-    first = list(first or [0])
-    if len(first) not in (1, len(paths)):
-        raise ValueError(f"--first takes one number or one per --data file ({len(paths)}), not {len(first)}")
-    limits = first * len(paths) if len(first) == 1 else first
-    recs = [r for path, n in zip(paths, limits) for r in corpus.read_records([path])[: n or None]]
-    return [{"id": r["id"], "ids": r["prompt_ids"] + r["answer_ids"], "start": len(r["prompt_ids"])}
-            for r in recs if len(r["answer_ids"]) >= 4]
-
-
-def _rec_key(ids: list[int]) -> str:
-    return hashlib.sha1(json.dumps(ids).encode()).hexdigest()[:20]
-
-
-@torch.no_grad()
-def extract_features(target, records: list[dict], cache_file: Path, max_prompt: int, log=print) -> dict[str, torch.Tensor]:
-    """Teacher-forced target features (fp16) of every record, one target forward per record, cached on disk."""
-    feats: dict[str, torch.Tensor] = {}
-    if cache_file.exists():
-        try:
-            feats = torch.load(cache_file)
-        except Exception:
-            feats = {}
-    todo = [r for r in records if _rec_key(r["ids"]) not in feats]
-    if todo:
-        log(f"features: {len(records) - len(todo)} cached, computing {len(todo)} "
-            f"({sum(len(r['ids']) for r in todo)} tokens) ...")
-    t0, done_tok, last_save = time.time(), 0, time.time()
-    for i, r in enumerate(todo):
-        ids = torch.tensor([r["ids"]], device=target.device)
-        h = target.decoder(input_ids=ids).last_hidden_state[0]
-        feats[_rec_key(r["ids"])] = h.to(torch.float16).cpu()
-        done_tok += len(r["ids"])
-        if time.time() - last_save > 120 or i == len(todo) - 1:
-            cache_file.parent.mkdir(parents=True, exist_ok=True)
-            torch.save(feats, str(cache_file) + ".tmp")
-            os.replace(str(cache_file) + ".tmp", cache_file)
-            last_save = time.time()
-            log(f"features: {i + 1}/{len(todo)} records, {done_tok / (time.time() - t0):.0f} tok/s")
-    return feats
-
-
-def build_draft_vocab(records: list[dict], size: int, vocab_size: int, always: list[int]) -> torch.Tensor:
-    counts = torch.zeros(vocab_size, dtype=torch.long)
-    for r in records:
-        counts.index_add_(0, torch.tensor(r["ids"]), torch.ones(len(r["ids"]), dtype=torch.long))
-    counts[torch.tensor([t for t in always if 0 <= t < vocab_size], dtype=torch.long)] += 10 ** 9
-    k = min(size, vocab_size)
-    top = torch.topk(counts, k).indices
-    top = top[counts[top] > 0] if (counts > 0).sum() >= 16 else top
-    return torch.sort(top).values
+from specdemo.offline.s4c_data import (
+    build_draft_vocab,
+    extract_features,
+    feature_cache,
+    read_records,
+    record_key,
+)
+from specdemo.target import load_target
 
 
 # ---------------------------------------------------------------------------------------------------------- training
@@ -157,7 +105,7 @@ def unrolled_losses(heads: S4CHeads, ids: torch.Tensor, feats: torch.Tensor, len
 def _collate(batch: list[dict], feats: dict, max_prompt: int, max_len: int, dtype, dev):
     rows = []
     for r in batch:
-        f = feats[_rec_key(r["ids"])]
+        f = feats[record_key(r["ids"])]
         s = max(0, r["start"] - max_prompt)
         ids, ft, start = r["ids"][s:], f[s:], r["start"] - s
         ids, ft = ids[:max_len], ft[:max_len]
@@ -219,12 +167,6 @@ def _epoch_order(records: list[dict], batch_size: int, rng: random.Random) -> li
     return [r for c in chunks for r in c]
 
 
-def _feature_cache(args, target) -> Path:
-    """One feature file per target model and dtype (features are the target's, whatever the heads)."""
-    key = f"{target.identity}-{architecture_hash(target.model.config)}-{str(target.dtype).split('.')[-1]}"
-    return Path(args.feature_cache or cache_root() / "s4c-features") / f"{key}.pt"
-
-
 def _make_heads(args, target, records: list[dict], resumed: dict | None, log) -> S4CHeads:
     """Heads from the checkpoint being resumed, from trained heads (--init), or fresh over a draft vocabulary of the
     corpus' most frequent tokens."""
@@ -258,6 +200,27 @@ def _final_heldout(heads, held: list[dict], feats, args, out: Path, log) -> None
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
 
 
+@dataclass
+class _Data:
+    """The corpus of a run: every record, the training part, the held-out sample, the answer tokens in all."""
+
+    records: list[dict]
+    train: list[dict]
+    held: list[dict]
+    answer_tokens: int
+
+
+@dataclass
+class _Run:
+    """What a training run updates and checkpoints."""
+
+    heads: S4CHeads
+    opt: torch.optim.Optimizer
+    rng: random.Random
+    total_steps: int
+    step: int = 0
+
+
 def train(args) -> int:
     train_loop.seed_everything(args.seed, args.threads)
     out = Path(args.out)
@@ -267,76 +230,102 @@ def train(args) -> int:
     log(f"command: {command}")
     clock = train_loop.Clock(args.minutes)  # the budget counts the feature extraction too
     target = load_target(args.model, device=args.device, dtype="float32")  # features as the CPU demo computes them
+    data = _read_data(args, log)
+    if data is None:
+        return 1
+    ckpt = out / "checkpoint.pt"
+    resumed = train_loop.load_checkpoint(ckpt) if args.resume else None
+    total_steps = args.steps or args.epochs * math.ceil(len(data.train) / args.batch_size)
+    if resumed is not None and not args.steps:
+        total_steps = max(total_steps, resumed.get("total_steps", 0))
+    feats = extract_features(target, (data.train if total_steps else []) + data.held, feature_cache(target, args.feature_cache),
+                             args.max_prompt, log)
+    run = _start(args, target, data, resumed, total_steps, log)
+    if resumed is not None:
+        log(f"resumed from {ckpt} at step {run.step}")
+    log(f"heads: {sum(p.numel() for p in run.heads.parameters()) / 1e6:.2f} M params, draft vocab "
+        f"{len(run.heads.draft_vocab)}, {total_steps} steps of {args.batch_size} sequences, lr {args.lr}")
+
+    def checkpoint(final: bool = False) -> None:
+        _save(run, args, data, out, command)
+        log(f"{'final' if final else 'checkpoint'}: step {run.step}, heads saved to {out}")
+
+    t_start = time.time()
+    _optimise(run, args, data, feats, target.device, clock, checkpoint, log)
+    checkpoint(final=True)
+    if data.held:
+        _final_heldout(run.heads, data.held, feats, args, out, log)
+    log(f"done: {run.step} steps in {(time.time() - t_start) / 60:.1f} min")
+    return 0
+
+
+def _read_data(args, log) -> _Data | None:
+    """The records of --data, split by the one held-out split every trainer uses; None when there are none."""
     records = read_records(args.data, args.first)
     if not records:
         log("no training records found")
-        return 1
-    train_recs, held = corpus.split_heldout(records)  # the one split every trainer uses
+        return None
+    train_recs, held = corpus.split_heldout(records)
     held = corpus.heldout_sample([r for r in held if len(r["ids"]) <= args.max_len], args.heldout_max)
     n_tok = sum(len(r["ids"]) - r["start"] for r in records)
     log(f"data: {len(records)} records ({len(train_recs)} train, {len(held)} held out), {n_tok} answer tokens, "
         f"{sum(len(r['ids']) for r in records)} tokens in all")
-    ckpt = out / "checkpoint.pt"
-    resumed = train_loop.load_checkpoint(ckpt) if args.resume else None
-    total_steps = args.steps or args.epochs * math.ceil(len(train_recs) / args.batch_size)
-    if resumed is not None and not args.steps:
-        total_steps = max(total_steps, resumed.get("total_steps", 0))
-    feats = extract_features(target, (train_recs if total_steps else []) + held, _feature_cache(args, target),
-                             args.max_prompt, log)
+    return _Data(records, train_recs, held, n_tok)
 
-    heads = _make_heads(args, target, records, resumed, log)
-    params = list(heads.parameters())
-    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
-    step, rng = 0, random.Random(args.seed)
+
+def _start(args, target, data: _Data, resumed: dict | None, total_steps: int, log) -> _Run:
+    """The heads and their optimizer, fresh or as the checkpoint left them (step and data order included)."""
+    heads = _make_heads(args, target, data.records, resumed, log)
+    opt = torch.optim.AdamW(list(heads.parameters()), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
+    run = _Run(heads, opt, random.Random(args.seed), total_steps)
     if resumed is not None:
         opt.load_state_dict(resumed["opt"])
-        step = resumed["step"]
-        rng.setstate(resumed["rng"])
-        log(f"resumed from {ckpt} at step {step}")
-    log(f"heads: {sum(p.numel() for p in params) / 1e6:.2f} M params, draft vocab {len(heads.draft_vocab)}, "
-        f"{total_steps} steps of {args.batch_size} sequences, lr {args.lr}")
+        run.step = resumed["step"]
+        run.rng.setstate(resumed["rng"])
+    return run
 
-    def checkpoint(final: bool = False) -> None:
-        train_loop.save_checkpoint(ckpt, {"model": heads.state_dict(), "opt": opt.state_dict(), "step": step,
-                               "rng": rng.getstate(), "total_steps": total_steps})
-        save_heads(heads, out, {"training": {"command": command, "step": step, "records": len(records),
-                                             "answer_tokens": n_tok, "loss_weights": args.loss_weights,
-                                             "max_prompt": args.max_prompt,
-                                             "seed": args.seed}})
-        log(f"{'final' if final else 'checkpoint'}: step {step}, heads saved to {out}")
 
+def _save(run: _Run, args, data: _Data, out: Path, command: str) -> None:
+    """The checkpoint (to resume from) and the heads artifact (to use), both in `out`."""
+    train_loop.save_checkpoint(out / "checkpoint.pt", {"model": run.heads.state_dict(), "opt": run.opt.state_dict(),
+                                                       "step": run.step, "rng": run.rng.getstate(),
+                                                       "total_steps": run.total_steps})
+    save_heads(run.heads, out, {"training": {"command": command, "step": run.step, "records": len(data.records),
+                                             "answer_tokens": data.answer_tokens, "loss_weights": args.loss_weights,
+                                             "max_prompt": args.max_prompt, "seed": args.seed}})
+
+
+def _optimise(run: _Run, args, data: _Data, feats: dict, dev, clock: train_loop.Clock, checkpoint, log) -> None:
+    """Optimizer steps until the planned number or the time budget: shuffled, length-bucketed batches, the cosine
+    schedule, running metrics every --log-every steps, held-out numbers every --eval-every, checkpoints every
+    --ckpt-every."""
     order: list[dict] = []
     t_start, tok_seen, acc = time.time(), 0, []
-    bar = tqdm(total=total_steps, initial=step, desc="s4c", mininterval=5, file=sys.stderr)
-    while step < total_steps:
-        order = order or _epoch_order(train_recs, args.batch_size, rng)
+    bar = tqdm(total=run.total_steps, initial=run.step, desc="s4c", mininterval=5, file=sys.stderr)
+    while run.step < run.total_steps:
+        order = order or _epoch_order(data.train, args.batch_size, run.rng)
         batch, order = order[: args.batch_size], order[args.batch_size :]
-        ids, ft, lens, starts = _collate(batch, feats, args.max_prompt, args.max_len, torch.float32, target.device)
-        lr = train_loop.cosine_lr(step, args.lr, args.warmup, total_steps, budget_spent=clock.spent())
-        loss, ms = unrolled_losses(heads, ids, ft, lens, starts, tuple(args.loss_weights), noise=args.noise)
-        train_loop.optimizer_step(opt, loss, lr)
-        step += 1
+        ids, ft, lens, starts = _collate(batch, feats, args.max_prompt, args.max_len, torch.float32, dev)
+        lr = train_loop.cosine_lr(run.step, args.lr, args.warmup, run.total_steps, budget_spent=clock.spent())
+        loss, ms = unrolled_losses(run.heads, ids, ft, lens, starts, tuple(args.loss_weights), noise=args.noise)
+        train_loop.optimizer_step(run.opt, loss, lr)
+        run.step += 1
         bar.update(1)
         tok_seen += int((lens - starts).clamp_min(0).sum())
         acc = _sum_metrics(acc, ms)
-        if step % args.log_every == 0:
+        if run.step % args.log_every == 0:
             m, acc = _fmt_metrics(acc), []
-            log(f"step {step}/{total_steps} loss {float(loss):.3f} lr {lr:.2e} "
+            log(f"step {run.step}/{run.total_steps} loss {float(loss):.3f} lr {lr:.2e} "
                 f"{tok_seen / (time.time() - t_start):.0f} tok/s | "
                 + " ".join(f"h{h + 1} top1 {m[k]['top1']:.3f} cond {m[k]['cond']:.3f}" for h, k in enumerate(m)))
-        if held and step % args.eval_every == 0:
-            log(f"held-out @ {step}: {json.dumps(evaluate(heads, held, feats, args, target.device))}")
-        if step % args.ckpt_every == 0:
+        if data.held and run.step % args.eval_every == 0:
+            log(f"held-out @ {run.step}: {json.dumps(evaluate(run.heads, data.held, feats, args, dev))}")
+        if run.step % args.ckpt_every == 0:
             checkpoint()
         if clock.over():
             log(f"time budget of {args.minutes} min reached")
             break
     bar.close()
-    checkpoint(final=True)
-    if held:
-        _final_heldout(heads, held, feats, args, out, log)
-    log(f"done: {step} steps in {(time.time() - t_start) / 60:.1f} min")
-    return 0
 
 
 def register_train(subparsers) -> None:

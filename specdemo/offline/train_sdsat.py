@@ -14,6 +14,7 @@ import random
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +26,7 @@ from specdemo.drafters.sdsat.adapter import (
     load_adapter,
 )
 from specdemo.offline import corpus, train_loop
-from specdemo.target import load_target
+from specdemo.target import Target, load_target
 
 
 # ====================================================================================================== training data
@@ -227,84 +228,129 @@ class _Progress:
     history: list = field(default_factory=list)
 
 
+@dataclass
+class _Run:
+    """One training run: the frozen model, the adapter and its optimizer, the data of the current epoch, progress."""
+
+    cfg: TrainConfig
+    target: Target
+    adapter: SDSATAdapter
+    opt: torch.optim.Optimizer
+    out: Path
+    log: Callable[[str], None]
+    prog: _Progress = field(default_factory=_Progress)
+    rng: random.Random = field(default_factory=random.Random)
+    clock: train_loop.Clock = field(default_factory=train_loop.Clock)
+    train_recs: list = field(default_factory=list)
+    held: list = field(default_factory=list)
+    order: list = field(default_factory=list)
+
+    def save(self, metrics: dict | None = None) -> None:
+        """The checkpoint (to resume from) and the adapter artifact with its latest held-out numbers."""
+        cfg, prog = self.cfg, self.prog
+        train_loop.save_checkpoint(self.out / "checkpoint.pt", {
+            "adapter": self.adapter.state_dict(), "opt": self.opt.state_dict(), **asdict(prog),
+            "rng": self.rng.getstate(), "torch_rng": torch.get_rng_state(), "elapsed": self.clock.elapsed(),
+            "config": asdict(cfg)})
+        latest = next((dict(h["eval"], step=h["step"]) for h in reversed(prog.history) if "eval" in h), None)
+        self.adapter.save(self.out, self.target.identity, self.target.model, {
+            "L": cfg.L, "heldout": metrics or latest,
+            "train": {"config": asdict(cfg), "step": prog.step, "seen_tokens": prog.seen_tokens,
+                      "probe_tokens": prog.probe_tokens, "elapsed_s": round(self.clock.elapsed(), 1),
+                      "data_records": len(self.train_recs)}})
+
+    def heldout(self) -> dict:
+        """Held-out acceptance now, recorded in the history and the log."""
+        m = evaluate(self.target.model, self.adapter, self.held, self.cfg.L)
+        self.prog.history.append({"step": self.prog.step, "eval": m})
+        self.log(f"step {self.prog.step} held-out: {json.dumps(m)}")
+        return m
+
+
 def train(cfg: TrainConfig, resume: bool = False, log=print) -> dict:
     train_loop.seed_everything(cfg.seed, cfg.threads)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     target = load_target(cfg.model, cfg.device, cfg.dtype)
-    model = target.model
-    model.requires_grad_(False)
+    target.model.requires_grad_(False)
     ckpt = out / "checkpoint.pt"
     resumed = train_loop.load_checkpoint(ckpt) if resume else None
+    run = _start(cfg, target, out, resumed, log)
+    if resumed is not None:
+        log(f"resumed from {ckpt} at step {run.prog.step}")
+    run.train_recs, run.held, run.order = _epoch(cfg, run.rng, log)
+    log(f"adapter {sum(p.numel() for p in run.adapter.parameters()) / 1e6:.2f}M params; adaptive token id "
+        f"{run.adapter.token_id}")
+    if run.prog.step == 0 and run.held:
+        run.heldout()
+    _optimise(run)
+    if run.clock.over():
+        log(f"time budget of {cfg.minutes} min reached at step {run.prog.step}")
+    final = _final_heldout(run)
+    run.save(final)
+    log(f"wrote {out} ({sum(f.stat().st_size for f in out.glob('*.safetensors')) / 1e6:.1f} MB of weights)")
+    return {"step": run.prog.step, "heldout": final, "out": str(out)}
+
+
+def _start(cfg: TrainConfig, target, out: Path, resumed: dict | None, log) -> _Run:
+    """The adapter and its optimizer, fresh or as the checkpoint left them (progress, clock and generators too)."""
     adapter = _make_adapter(cfg, target, resumed is not None, log)
-    params = list(adapter.parameters())
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    prog, rng, clock = _Progress(), random.Random(cfg.seed), train_loop.Clock(cfg.minutes)
+    opt = torch.optim.AdamW(list(adapter.parameters()), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    run = _Run(cfg, target, adapter, opt, out, log, rng=random.Random(cfg.seed), clock=train_loop.Clock(cfg.minutes))
     if resumed is not None:
         adapter.load_state_dict(resumed["adapter"])
         opt.load_state_dict(resumed["opt"])
-        prog = _Progress(resumed["step"], resumed["seen_tokens"], resumed["probe_tokens"], resumed["history"])
-        clock.before = resumed.get("elapsed", 0.0)
-        rng.setstate(resumed["rng"])
+        run.prog = _Progress(resumed["step"], resumed["seen_tokens"], resumed["probe_tokens"], resumed["history"])
+        run.clock.before = resumed.get("elapsed", 0.0)
+        run.rng.setstate(resumed["rng"])
         torch.set_rng_state(resumed["torch_rng"])
-        log(f"resumed from {ckpt} at step {prog.step}")
-    train_recs, held, order = _epoch(cfg, rng, log)
-    log(f"adapter {sum(p.numel() for p in params) / 1e6:.2f}M params; adaptive token id {adapter.token_id}")
+    return run
 
-    def save(metrics: dict | None = None) -> None:
-        train_loop.save_checkpoint(ckpt, {"adapter": adapter.state_dict(), "opt": opt.state_dict(), **asdict(prog),
-                                          "rng": rng.getstate(), "torch_rng": torch.get_rng_state(),
-                                          "elapsed": clock.elapsed(), "config": asdict(cfg)})
-        latest = next((dict(h["eval"], step=h["step"]) for h in reversed(prog.history) if "eval" in h), None)
-        adapter.save(out, target.identity, model, {
-            "L": cfg.L, "heldout": metrics or latest,
-            "train": {"config": asdict(cfg), "step": prog.step, "seen_tokens": prog.seen_tokens,
-                      "probe_tokens": prog.probe_tokens, "elapsed_s": round(clock.elapsed(), 1),
-                      "data_records": len(train_recs)}})
 
-    def heldout() -> dict:
-        m = evaluate(model, adapter, held, cfg.L)
-        prog.history.append({"step": prog.step, "eval": m})
-        log(f"step {prog.step} held-out: {json.dumps(m)}")
-        return m
-
-    if prog.step == 0 and held:
-        heldout()
+def _optimise(run: _Run) -> None:
+    """Optimizer steps until cfg.steps or the time budget: each step accumulates the adaptive-chain loss of
+    cfg.seqs_per_step sequences (a new epoch re-reads the corpus), then the cosine schedule's step; the mean loss is
+    logged every 5 steps, held-out numbers taken every eval_every, checkpoints saved every ckpt_every."""
+    cfg, prog, log = run.cfg, run.prog, run.log
     win_loss, win_n, t_last = 0.0, 0, time.time()
-    while prog.step < cfg.steps and not clock.over():
-        opt.zero_grad(set_to_none=True)
+    while prog.step < cfg.steps and not run.clock.over():
+        run.opt.zero_grad(set_to_none=True)
         step_loss, step_n = 0.0, 0
         for _ in range(cfg.seqs_per_step):
-            if not order:
-                train_recs, held, order = _epoch(cfg, rng, log)
-            r = order.pop()
-            loss, n_probe = _sequence_loss(model, adapter, cfg, r, rng)
+            if not run.order:
+                run.train_recs, run.held, run.order = _epoch(cfg, run.rng, log)
+            r = run.order.pop()
+            loss, n_probe = _sequence_loss(run.target.model, run.adapter, cfg, r, run.rng)
             if n_probe:
                 step_loss, step_n = step_loss + loss, step_n + 1
                 prog.seen_tokens += len(r["prompt_ids"]) + len(r["answer_ids"])
                 prog.probe_tokens += n_probe
-        lr = train_loop.cosine_lr(prog.step, cfg.lr, cfg.warmup, cfg.steps, cfg.min_lr_ratio, clock.spent())
-        train_loop.optimizer_step(opt, None, lr)
+        lr = train_loop.cosine_lr(prog.step, cfg.lr, cfg.warmup, cfg.steps, cfg.min_lr_ratio, run.clock.spent())
+        train_loop.optimizer_step(run.opt, None, lr)
         prog.step += 1
         win_loss, win_n = win_loss + step_loss / max(1, step_n), win_n + 1
         if prog.step % 5 == 0:
             log(f"step {prog.step}/{cfg.steps} loss {win_loss / win_n:.3f} lr {lr:.2e} tokens {prog.seen_tokens} "
                 f"adaptive {prog.probe_tokens} ({(time.time() - t_last) / 5:.1f} s/step) "
-                f"elapsed {clock.elapsed() / 60:.1f} min")
+                f"elapsed {run.clock.elapsed() / 60:.1f} min")
             prog.history.append({"step": prog.step, "loss": round(win_loss / win_n, 4)})
             win_loss, win_n, t_last = 0.0, 0, time.time()
-        metrics = heldout() if held and prog.step % cfg.eval_every == 0 else None
+        metrics = run.heldout() if run.held and prog.step % cfg.eval_every == 0 else None
         if prog.step % cfg.ckpt_every == 0:
-            save(metrics)
-    if clock.over():
-        log(f"time budget of {cfg.minutes} min reached at step {prog.step}")
-    last = prog.history[-1] if prog.history else {}
-    final = (last["eval"] if last.get("step") == prog.step and "eval" in last else heldout()) if held else None
+            run.save(metrics)
+
+
+def _final_heldout(run: _Run) -> dict | None:
+    """The held-out numbers at the last step (taken now unless the last step took them), with the numbers per
+    prompt source beside them; None without held-out records."""
+    if not run.held:
+        return None
+    last = run.prog.history[-1] if run.prog.history else {}
+    final = last["eval"] if last.get("step") == run.prog.step and "eval" in last else run.heldout()
     if final:
-        final.update(train_loop.heldout_by_source(held, lambda part: evaluate(model, adapter, part, cfg.L)))
-    save(final)
-    log(f"wrote {out} ({sum(f.stat().st_size for f in out.glob('*.safetensors')) / 1e6:.1f} MB of weights)")
-    return {"step": prog.step, "heldout": final, "out": str(out)}
+        final.update(train_loop.heldout_by_source(
+            run.held, lambda part: evaluate(run.target.model, run.adapter, part, run.cfg.L)))
+    return final
 
 
 # ====================================================================================================== CLI

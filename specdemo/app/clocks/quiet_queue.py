@@ -34,7 +34,8 @@ def quiet(demo: Any) -> Any:
     queue = demo._queue
     for name in _NAMES:
         if not isinstance(getattr(queue, name, None), float):
-            raise RuntimeError(f"gradio {version('gradio')}: Queue.{name} is gone; see specdemo/app/clocks/quiet_queue.py")
+            raise RuntimeError(f"gradio {version('gradio')}: Queue.{name} is gone; "
+                               "see specdemo/app/clocks/quiet_queue.py")
     with _lock:
         _queues.append(queue)
         _set(queue)

@@ -249,8 +249,10 @@ def on_reset_store() -> tuple[str, None]:
     return message_html("REST uses the model's default datastore again.", "info"), None
 
 
-def _bench(*args, **kwargs) -> dict:
-    return run_bench(*args, **kwargs)
+def _bench(model: str, *args, **kwargs) -> dict:
+    """The Benchmark tab's model work (the GPU worker's part under ZeroGPU): takes the model's name, not the model,
+    so that only plain data crosses to the worker."""
+    return run_bench(MODELS.get(model), *args, **kwargs)
 
 
 bench_on_device = on_gpu(_bench, duration=300)  # decorated at import time, as ZeroGPU expects
@@ -271,9 +273,10 @@ def on_bench(model: str, methods: list[str], prompt_labels: list[str], max_new_t
             progress(i / max(n, 1), desc=f"{pid} · {LABELS.get(method, method)}")
 
         with GATE.turn():
-            target = load_model(model)
-            result = model_thread.call(bench_on_device, target, list(methods), prompts, int(max_new_tokens),
-                                       sampling=SamplingConfig(), progress=None if ZERO_GPU else report)
+            load_model(model)  # the public mode's checks, and the load itself, before the GPU function
+            result = model_thread.call(bench_on_device, model_name(model), list(methods), prompts,
+                                       int(max_new_tokens), sampling=SamplingConfig(),
+                                       progress=None if ZERO_GPU else report)
     except Exception as exc:  # noqa: BLE001
         msg = explain_error(exc)
         gr.Warning(msg)

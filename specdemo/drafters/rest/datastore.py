@@ -14,8 +14,9 @@ Format (a folder; version 1):
     manifest.json  format, version, tokenizer identity (specdemo.target.tokenizer_identity), vocab size, dtype,
                    separator, documents, tokens, build time, sources, and size + sha256 of both arrays.
 
-Built offline (specdemo/offline/build_datastore.py): `python -m specdemo datastore build --model embedded --input
-PATHS... [--out DIR]`; the default DIR is the model's default datastore, which the REST drafter picks up by itself.
+Built by build.py beside this file, from the CLI (`python -m specdemo datastore build --model embedded --input
+PATHS... [--out DIR]`, specdemo/offline/build_datastore.py) or the page's "Your datastore"; the default DIR is the
+model's default datastore, which the REST drafter picks up by itself.
 """
 from __future__ import annotations
 
@@ -50,14 +51,8 @@ def build_command(model: str, inputs: str = "PATHS...", out: str | None = None) 
     return cmd + (f" --out {out}" if out else "")
 
 
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Building
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-def _sha256(path: Path, chunk: int = 1 << 24) -> str:
+def file_sha256(path: Path, chunk: int = 1 << 24) -> str:
+    """The hex sha256 of a file, read in chunks (the manifest records one per array)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(chunk):
@@ -69,24 +64,19 @@ def _sha256(path: Path, chunk: int = 1 << 24) -> str:
 # Loading and retrieval
 # ---------------------------------------------------------------------------------------------------------------------
 class Datastore:
-    """A memory-mapped datastore.  `match` finds the longest suffix match, `continuations` reads what followed."""
+    """A memory-mapped datastore.  `match` finds the longest suffix match, `continuations` reads what followed.
+
+    Opening refuses, with the command that rebuilds it, a store made for another tokenizer, one whose files differ
+    from its manifest (truncated, corrupt: checked by size, and by sha256 when `verify`) and one holding token ids
+    outside the model's vocabulary: any of these would draft garbage instead of failing.
+    """
 
     def __init__(self, path: str | Path, target=None, identity: str | None = None, vocab_size: int | None = None,
                  verify: bool = True, model_name: str | None = None):
         self.path = Path(path)
-        mpath = self.path / "manifest.json"
         model_name = model_name or (target.name if target is not None else "MODEL")
-        rebuild = build_command(model_name, out=str(self.path))
-        if not mpath.exists():
-            raise DatastoreError(f"No datastore at {self.path} (manifest.json missing). Build one with `{rebuild}`.")
-        try:
-            m = json.loads(mpath.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise DatastoreError(f"{mpath} is corrupt ({exc}). Rebuild the datastore with `{rebuild}`.") from exc
-        if m.get("format") != FORMAT or m.get("version") != VERSION:
-            raise DatastoreError(f"{self.path} is not a {FORMAT} v{VERSION} datastore (found {m.get('format')} "
-                                 f"v{m.get('version')}). Rebuild it with `{rebuild}`.")
-        self.manifest = m
+        self._rebuild = build_command(model_name, out=str(self.path))
+        self.manifest = m = self._read_manifest()
         if target is not None:
             identity = identity or target.identity
             vocab_size = vocab_size or len(target.tokenizer)
@@ -94,48 +84,81 @@ class Datastore:
             raise DatastoreError(
                 f"The datastore {self.path} was built for another tokenizer ({m['tokenizer']}, "
                 f"{m.get('tokenizer_name') or 'unknown model'}) than the model's ({identity}): its token ids would "
-                f"mean different words. Build one for this model with `{rebuild}`.")
-        for name, info in m["files"].items():
+                f"mean different words. Build one for this model with `{self._rebuild}`.")
+        self._check_files(verify)
+        self.dtype = np.dtype(m["dtype"])
+        self.sep = int(m["separator"])
+        self.tokens, self.sa = self._load_arrays()
+        self.vocab = self._checked_vocab(vocab_size or m["vocab_size"])
+        self._first = self._first_token_ranges()
+        self._tmv = memoryview(self.tokens) if self.tokens.flags.c_contiguous else None
+        self._smv = memoryview(self.sa)
+
+    def _read_manifest(self) -> dict:
+        mpath = self.path / "manifest.json"
+        if not mpath.exists():
+            raise DatastoreError(f"No datastore at {self.path} (manifest.json missing). Build one with "
+                                 f"`{self._rebuild}`.")
+        try:
+            m = json.loads(mpath.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise DatastoreError(f"{mpath} is corrupt ({exc}). Rebuild the datastore with `{self._rebuild}`.") from exc
+        if m.get("format") != FORMAT or m.get("version") != VERSION:
+            raise DatastoreError(f"{self.path} is not a {FORMAT} v{VERSION} datastore (found {m.get('format')} "
+                                 f"v{m.get('version')}). Rebuild it with `{self._rebuild}`.")
+        return m
+
+    def _check_files(self, verify: bool) -> None:
+        """Every array file the manifest lists exists with its recorded size (and sha256 when `verify`)."""
+        for name, info in self.manifest["files"].items():
             f = self.path / name
             if not f.exists():
-                raise DatastoreError(f"{f} is missing. Rebuild the datastore with `{rebuild}`.")
+                raise DatastoreError(f"{f} is missing. Rebuild the datastore with `{self._rebuild}`.")
             size = f.stat().st_size
             if size != info["bytes"]:
                 raise DatastoreError(f"{f} is truncated or corrupt ({size} bytes, the manifest says {info['bytes']}). "
-                                     f"Rebuild the datastore with `{rebuild}`.")
-            if verify and _sha256(f) != info["sha256"]:
+                                     f"Rebuild the datastore with `{self._rebuild}`.")
+            if verify and file_sha256(f) != info["sha256"]:
                 raise DatastoreError(f"{f} is corrupt (its sha256 differs from the manifest's). Rebuild the datastore "
-                                     f"with `{rebuild}`.")
+                                     f"with `{self._rebuild}`.")
+
+    def _load_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens, suffix array), memory-mapped, as plain ndarrays; their shapes checked against the manifest."""
+        m = self.manifest
         try:
             tokens = np.load(self.path / "tokens.npy", mmap_mode="r")
             sa = np.load(self.path / "sa.npy", mmap_mode="r")
         except (ValueError, OSError) as exc:
-            raise DatastoreError(f"Cannot read the arrays of {self.path} ({exc}). Rebuild with `{rebuild}`.") from exc
-        self.dtype = np.dtype(m["dtype"])
-        self.sep = int(m["separator"])
+            raise DatastoreError(f"Cannot read the arrays of {self.path} ({exc}). Rebuild with `{self._rebuild}`.") \
+                from exc
         if tokens.dtype != self.dtype or tokens.ndim != 1 or sa.ndim != 1 or len(sa) != m["entries"] \
                 or len(tokens) != m["tokens"] + m["documents"] + 1:
-            raise DatastoreError(f"The arrays of {self.path} do not match its manifest. Rebuild with `{rebuild}`.")
-        self.tokens = tokens.view(np.ndarray)
-        self.sa = sa.view(np.ndarray)
-        # token ids must exist in the model's vocabulary (REST's own builder crashed on forgotten added tokens)
-        vocab = vocab_size or m["vocab_size"]
+            raise DatastoreError(f"The arrays of {self.path} do not match its manifest. Rebuild with "
+                                 f"`{self._rebuild}`.")
+        return tokens.view(np.ndarray), sa.view(np.ndarray)
+
+    def _checked_vocab(self, vocab: int) -> int:
+        """The vocabulary size lookups index by, after checking that every token id fits the model's vocabulary
+        (REST's own builder crashed on forgotten added tokens)."""
         real = self.tokens[self.tokens != self.sep]
         top = int(real.max()) if len(real) else -1
         if top >= vocab:
             raise DatastoreError(f"The datastore {self.path} holds token id {top}, out of range for a vocabulary of "
-                                 f"{vocab}. It was built for another tokenizer or is corrupt; rebuild with `{rebuild}`.")
-        del real
-        self.vocab = max(vocab, m["vocab_size"])
-        # ranges for the first (newest) token of a query: entries are sorted by tokens[e-1] first
+                                 f"{vocab}. It was built for another tokenizer or is corrupt; rebuild with "
+                                 f"`{self._rebuild}`.")
+        return max(vocab, self.manifest["vocab_size"])
+
+    def _first_token_ranges(self) -> list[int]:
+        """Start offsets into the suffix array per first (newest) query token: entries are sorted by tokens[e-1]
+        first, so the range for token t is [first[t], first[t + 1])."""
         t = self.tokens
         ok = (t[:-1] != self.sep) & (t[1:] != self.sep)
         counts = np.bincount(t[:-1][ok].astype(np.int64), minlength=self.vocab)
-        self._first = np.concatenate([[0], np.cumsum(counts)]).tolist()
-        if self._first[-1] != len(self.sa):
-            raise DatastoreError(f"The suffix array of {self.path} does not match its tokens. Rebuild with `{rebuild}`.")
-        self._tmv = memoryview(self.tokens) if self.tokens.flags.c_contiguous else None
-        self._smv = memoryview(self.sa)
+        first = np.concatenate([[0], np.cumsum(counts)]).tolist()
+        if first[-1] != len(self.sa):
+            raise DatastoreError(f"The suffix array of {self.path} does not match its tokens. Rebuild with "
+                                 f"`{self._rebuild}`.")
+        return first
 
     def __len__(self) -> int:
         return int(self.manifest["tokens"])

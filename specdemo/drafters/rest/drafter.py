@@ -5,7 +5,9 @@ Every step:
    5000 of its occurrences, sampled evenly across the suffix-array range; the 10 tokens after each (never past a
    document boundary).  See datastore.py beside this file.
 2. Request (SuffixDecoding-style): the same longest-suffix search over prompt + output so far, all occurrences.
-   REST alone cannot copy a variable name it has only seen in the prompt; this can.
+   REST alone cannot copy a variable name it has only seen in the prompt; this can.  (The options call the request
+   "context": use_context, context_weight, ...; nodes it mostly supports carry the source "prompt", as every
+   drafter's copies from the request do.)
 3. One weighted trie over both sets of continuations: a node's weight is the (weighted) number of continuations
    that start with its prefix (store rows weigh 1, request rows `context_weight`).
 4. Each node gets an estimated acceptance probability (`acceptance_scores`): the product down its path of
@@ -25,10 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-from specdemo.budget import GPU_BUDGET, calibrated_cost, cut_to_cost
+from specdemo.budget import calibrated_cost, cut_to_cost, default_sizing
 from specdemo.calibration import Calibrator
-from specdemo.calibration import available as calibration_available
-from specdemo.drafters import DrafterUnavailable, Knob, Option
+from specdemo.drafters.contract import PROMPT, DrafterUnavailable, DraftSource, Knob, Option
 from specdemo.drafters.rest.datastore import (
     Datastore,
     DatastoreError,
@@ -41,20 +42,24 @@ from specdemo.tree import DraftTree
 
 PAD = -1
 _HASH = np.random.default_rng(12345).integers(1, 2**62, 64, dtype=np.int64)  # row hashing (wraps around: fine)
-_stores: dict[tuple, Datastore] = {}
+DATASTORE = DraftSource("datastore", "datastore", "#bbf7d0", "#14532d")
+SOURCES = (PROMPT, DATASTORE)  # PROMPT: nodes whose weight comes mostly from the request itself
 
 
 def open_store(path: str | Path, target: Target) -> Datastore:
-    """A datastore opened once per (path, tokenizer) and shared by all drafters of the process."""
+    """A datastore opened once per model and kept on it (Target.artifacts), shared by all its drafters: opening
+    checks the arrays' hashes, too slow per request, and the store goes when the model goes.  A store rebuilt in
+    place (a newer manifest) is opened afresh and replaces the old one."""
     path = Path(path).expanduser()
     try:
         stamp = (path / "manifest.json").stat().st_mtime_ns
     except OSError:
         stamp = 0
-    key = (str(path.resolve()), target.identity, stamp)
-    if key not in _stores:
-        _stores[key] = Datastore(path, target=target)
-    return _stores[key]
+    key = ("rest-store", str(path.resolve()))
+    held = target.artifacts.get(key)
+    if held is None or held[0] != stamp:
+        target.artifacts[key] = (stamp, Datastore(path, target=target))
+    return target.artifacts[key][1]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -218,7 +223,7 @@ def to_draft_tree(trie: Trie, chosen: list[int], score: np.ndarray | None = None
     return DraftTree(
         tokens=[int(trie.tokens[i]) for i in idx],
         parents=[pos[int(trie.parents[i])] if trie.parents[i] >= 0 else -1 for i in idx],
-        sources=["context" if trie.context_weight[i] * 2 > trie.weight[i] else "datastore" for i in idx],
+        sources=[PROMPT.name if trie.context_weight[i] * 2 > trie.weight[i] else DATASTORE.name for i in idx],
         scores=[float(score[i]) for i in idx] if score is not None else None,
     )
 
@@ -298,10 +303,6 @@ def unavailable_reason(target: Target) -> str | None:
             f"`{build_command(target.name)}` (it is saved where REST looks for it).")
 
 
-CPU_BUDGET = 16  # fixed-size trees on CPU (dynamic off, or no calibration): 16 nodes cost ~1.4x an AR step here
-DYNAMIC_CAP = 24  # dynamic on: the cap; each step sends what pays for itself (module doc, 5.)
-
-
 OPTIONS = (
     Option("datastore", "path", special=("default", "none"),
            help="a datastore folder, 'default' (the model's) or 'none' (the request only)"),
@@ -345,11 +346,7 @@ def make(target: Target, datastore: str | None = None, budget: int | None = None
             store = open_store(path, target)
         except DatastoreError as exc:
             raise DrafterUnavailable(str(exc)) from exc
-    cpu = target.device.type == "cpu"
-    if dynamic is None:  # per-step sizing where verification cost grows with the tree and a calibration exists
-        dynamic = cpu and calibration_available(target, "rest")
-    if budget is None:
-        budget = (DYNAMIC_CAP if dynamic else CPU_BUDGET) if cpu else GPU_BUDGET
+    dynamic, budget = default_sizing(target, "rest", dynamic, budget)  # budget.TREE_SIZES
     return RestDrafter(store=store, budget=int(budget), max_suffix=int(max_suffix), min_suffix=int(min_suffix),
                        dynamic=dynamic, calibration=Path(calibration) if calibration else None, **options)
 
@@ -357,6 +354,6 @@ def make(target: Target, datastore: str | None = None, budget: int | None = None
 KNOBS = (
     Knob("rest", "budget", "Tree budget", 0, 64, 0,
          "most draft nodes per step · 0 = device default (CPU: at most 24, sized per step; 16 without a calibration; "
-         "GPU: 64)", "omit"),
+         "GPU: 64)", zero_keeps_default=True),
     Knob("rest", "max_suffix", "Longest suffix looked up", 1, 32, 16, "tokens matched in the datastore"),
 )

@@ -4,17 +4,18 @@ See `heads.py` beside this file for the model and our reading of the paper.  Opt
     heads   -- folder or hub repo id of trained heads (default: the shipped heads for the embedded model)
     tree    -- "s4c" (two top-1 chains, then top-k alternatives; default) | "chain" (one top-1 chain) |
                "eagle" (EAGLE-2 style: expand the topk best nodes per depth, keep the budget best overall)
-    budget  -- max tree nodes (default 15; "auto" asks specdemo.budget for this machine's verify cost curve)
+    budget  -- max tree nodes (default per device: budget.TREE_SIZES; "auto" asks specdemo.budget for this machine's
+               verify cost curve)
     topk    -- alternatives per position (default 3)
     window  -- prompt tokens the heads attend over (default: the heads' training crop, 160): the heads learnt on
                answers after at most that much prompt, and a long prompt (RAG, summarisation) would otherwise cost a
                head pass over every prompt token before the first draft
     precision -- "bf16" (default where the CPU has native bf16) or "fp32": the heads' packed weights on the CPU.  A
                head call of 1-10 rows is memory-bound, and the heads only draft (docs/s4c.md)
-    context -- NOT in the paper: graft a prompt-lookup continuation of up to N tokens onto the head tree (source
-               "context"; its nodes count in the budget).  Default 10 through `make` (the registry / bench / UI),
-               chosen on HumanEval problems 100-119 and ShareGPT tuning prompts (docs/s4c.md); `context=0` is pure
-               S4C.
+    prompt_lookup -- NOT in the paper (formerly `context`): graft a prompt-lookup continuation of up to N tokens onto
+               the head tree (source "prompt"; its nodes count in the budget).  Default 10 through `make` (the
+               registry / bench / UI), chosen on HumanEval problems 100-119 and ShareGPT tuning prompts (docs/s4c.md);
+               `prompt_lookup=0` is pure S4C.
 
 KV caches: each head keeps its own cache (the engine's preallocated KVCache) of committed positions, fed from the
 target features that `observe` receives; draft rows are appended for one layer call and cut off again.  Recomputing a
@@ -26,7 +27,6 @@ steps that accepted >= d tokens.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,30 +38,35 @@ from specdemo.budget import (
     best_size,
     calibrated_cost,
     cut_to_cost,
+    default_sizing,
     pick_budget,
 )
-from specdemo.calibration import available as calibration_available
-from specdemo.cpu_linear import frozen_linear, use_packed_linears
-from specdemo.drafters import DrafterUnavailable, Knob, Option, pld
-from specdemo.drafters.s4c.heads import (
-    EMBEDDED_HEADS,
-    S4CArtifactError,
+from specdemo.cpu_linear import frozen_linear
+from specdemo.drafters.contract import PROMPT, DrafterUnavailable, DraftSource, Knob, Option
+from specdemo.drafters.pld import lookup_with_ngram_length
+from specdemo.drafters.s4c.heads import (  # noqa: F401  (unavailable_reason: the contract's, from heads.py)
     TRAINED_PROMPT,
+    S4CArtifactError,
     S4CHeads,
-    load_heads,
-    mismatch,
-    train_command,
+    cached_heads,
+    default_heads,
+    missing_heads,
+    unavailable_reason,
 )
 from specdemo.engine import DecodeState, Drafter, Verified
 from specdemo.kvcache import KVCache
-from specdemo.target import EMBEDDED, Target
+from specdemo.target import Target
 from specdemo.tree import DepthTally, DraftTree, additive_mask, ancestor_mask, path_to
 
 TREES = ("s4c", "chain", "eagle")
-
-
-def default_heads(target: Target) -> Path | None:
-    return EMBEDDED_HEADS if target.name == EMBEDDED else None
+# a node drafted by head d carries the source "head{d}"; heads past the fourth are rare and shown as the fourth
+SOURCES = (
+    DraftSource("head1", "head 1", "#dbeafe", "#1e3a8a"),
+    DraftSource("head2", "head 2", "#bfdbfe", "#1e40af"),
+    DraftSource("head3", "head 3", "#93c5fd", "#1d4ed8"),
+    DraftSource("head4", "head 4+", "#60a5fa", "#2563eb"),
+    PROMPT,
+)
 
 
 @dataclass
@@ -79,19 +84,19 @@ class S4CDrafter(Drafter):
     needs_hidden = True
 
     def __init__(self, target: Target, heads: S4CHeads, tree: str = "s4c", budget: int = 15, topk: int = 3,
-                 context: int = 0, dynamic: bool = False, calibration: Path | None = None, window: int = 0):
+                 prompt_lookup: int = 0, dynamic: bool = False, calibration: Path | None = None, window: int = 0):
         if tree not in TREES:
             raise ValueError(f"s4c tree must be one of {', '.join(TREES)} (got {tree!r})")
         self.target, self.heads, self.tree_kind = target, heads, tree
         self.budget, self.topk = int(budget), max(1, int(topk))
         self.window = int(window)  # >0: heads start at the last `window` prompt tokens
-        self.context = int(context)  # >0: also graft a prompt-lookup chain of up to this many tokens (not in the paper)
-        self.H = heads.n_heads
+        self.prompt_lookup = int(prompt_lookup)  # >0: also graft a prompt-lookup chain of up to this many tokens
+        self.n_heads = heads.n_heads
         # dynamic: score every node with its calibrated acceptance probability and send, per step, the best-first
         # prefix that pays for its verification (budget.cut_to_cost); `budget` is then only a cap
         self.dynamic, self.calibration_path = bool(dynamic), calibration
         self.calibrator, self.rel_cost = None, None
-        self.tally = DepthTally(self.H)
+        self.tally = DepthTally(self.n_heads)
         self._last_depths: list[int] = []
 
     # ------------------------------------------------------------------ state
@@ -99,16 +104,17 @@ class S4CDrafter(Drafter):
         t, d = self.target, self.heads.d
         self.calibrator, self.rel_cost = calibrated_cost(self.target, "s4c", state, self.dynamic, self.calibration_path)
         cap = len(state.tokens) + state.max_new_tokens + 8
-        self.F = torch.zeros(cap, d, dtype=t.dtype, device=t.device)  # target features f_t
-        self.G = [torch.zeros(cap, d, dtype=t.dtype, device=t.device) for _ in range(self.H)]  # committed head outputs
-        self.nf = 0
+        self.features = torch.zeros(cap, d, dtype=t.dtype, device=t.device)  # the target's feature f_t by position
+        # per head, its committed outputs by position (head h + 1's input features)
+        self.head_outputs = [torch.zeros(cap, d, dtype=t.dtype, device=t.device) for _ in range(self.n_heads)]
+        self.n_features = 0  # positions whose target feature has arrived
         if prompt_hidden is not None:
-            self.F[: len(prompt_hidden)] = prompt_hidden
-            self.nf = len(prompt_hidden)
-        # positions already in each head's cache: none yet, and those before the window never enter it
+            self.features[: len(prompt_hidden)] = prompt_hidden
+            self.n_features = len(prompt_hidden)
+        # per head, the first position not yet in its cache: none is yet, and those before the window never enter it
         start = max(0, state.prompt_len - self.window) if self.window > 0 else 0
-        self.done = [start] * self.H
-        self.caches = [KVCache(capacity=cap + 64) for _ in range(self.H)]
+        self.cached_until = [start] * self.n_heads
+        self.caches = [KVCache(capacity=cap + 64) for _ in range(self.n_heads)]
         vocab = torch.unique(torch.cat([self.heads.draft_vocab.to(t.device),
                                         torch.tensor(state.tokens, device=t.device, dtype=torch.long)]))
         self.vocab = vocab
@@ -119,22 +125,22 @@ class S4CDrafter(Drafter):
 
     def observe(self, state: DecodeState, verified: Verified) -> None:
         h = verified.hidden
-        self.F[self.nf : self.nf + len(h)] = h
-        self.nf += len(h)
+        self.features[self.n_features : self.n_features + len(h)] = h
+        self.n_features += len(h)
         self.tally.add(max(self._last_depths, default=0), len(verified.accepted_nodes))
 
     # ------------------------------------------------------------------ one head call
     def _run_head(self, h: int, n: int, tokens: list[int], branches: list[tuple[list[int], list[torch.Tensor]]]):
-        """Head h (0-based): add committed positions done[h] .. n-h-1 to its cache, then run draft rows for each
+        """Head h (0-based): add committed positions cached_until[h] .. n-h-1 to its cache, then run draft rows for each
         branch (tokens for positions n-h .. n-1 and their input features) in the same call; return the committed
         outputs' last row (for h = 0) and, per branch, its draft outputs."""
         k = h + 1
         heads, t = self.heads, self.target
-        lo, hi = self.done[h], n - k  # committed positions lo .. hi (inclusive)
+        lo, hi = self.cached_until[h], n - k  # committed positions lo .. hi (inclusive)
         rows_tok, rows_feat, rows_pos = [], [], []
         for p in range(lo, hi + 1):
             rows_tok.append(tokens[p + k])
-            rows_feat.append(self.F[p] if h == 0 else self.G[h - 1][p])
+            rows_feat.append(self.features[p] if h == 0 else self.head_outputs[h - 1][p])
             rows_pos.append(p)
         c = len(rows_tok)
         spans = []
@@ -161,8 +167,8 @@ class S4CDrafter(Drafter):
         out = heads.head(h, emb, feat, pos, mask=mask, cache=cache)[0]
         cache.keep(past + c, [])  # drop the draft rows, keep the committed ones
         if c:
-            self.G[h][lo : hi + 1] = out[:c]
-            self.done[h] = hi + 1
+            self.head_outputs[h][lo : hi + 1] = out[:c]
+            self.cached_until[h] = hi + 1
         return out[:c], [list(out[s:e]) for s, e in spans]
 
     def _dist(self, rows: torch.Tensor, k: int):
@@ -174,89 +180,130 @@ class S4CDrafter(Drafter):
     @torch.no_grad()
     def propose(self, state: DecodeState) -> DraftTree:
         self._last_depths = []
-        tokens = state.tokens
-        n = len(tokens) - 1  # root position
-        if self.nf != n or n < 1:
+        n = len(state.tokens) - 1  # root position
+        if self.n_features != n or n < 1:
             return DraftTree.empty()
-        k = self.topk
-        # head 1: committed positions up to n-1; its output at n-1 is the depth-1 distribution
-        self._run_head(0, n, tokens, [])
-        toks, lps = self._dist(self.G[0][n - 1 : n], max(k, 2))
-        nodes: list[_Node] = []
-        frontier = []  # node indices to expand at the next depth
-        first = [(_Node(tok, -1, 1, lp)) for tok, lp in zip(toks[0], lps[0])]
-        kind = self.tree_kind
-        if kind == "chain":
-            first = first[:1]
-        elif kind == "s4c":
-            first = first[: max(k, 2)]
-        else:
-            first = first[:k]
-        nodes.extend(first)
-        if kind == "chain":
-            frontier = [0]
-        elif kind == "s4c":
-            frontier = [0, 1]  # the two vertical chains start at the top-2 of head 1
-        else:
-            frontier = list(range(len(first)))
-        chain_nodes = set(frontier)
-        if self.rel_cost is not None and self._not_worth_deeper(nodes[0].logp):
-            frontier = []  # the deeper heads' calls are skipped: even sure children could not pay for this step
-        for depth in range(2, self.H + 1):
-            h = depth - 1
-            if n - h < 0 or not frontier or depth > state.remaining - 1:
+        grow = {"s4c": self._grow_s4c, "chain": self._grow_chain, "eagle": self._grow_eagle}[self.tree_kind]
+        nodes, vertical = grow(state, n)
+        return self._finish(state, nodes, vertical)
+
+    def _grow_s4c(self, state: DecodeState, n: int) -> tuple[list[_Node], set[int]]:
+        """The paper's tree: two vertical top-1 chains from head 1's top 2, each chain node also bearing its head's
+        top-k alternatives.  Returns the nodes and the chain nodes (kept first)."""
+        nodes = self._depth1(state, n, max(self.topk, 2))
+        vertical = {0, 1}
+        frontier = [] if self._skip_deeper(nodes) else [0, 1]
+        for depth in self._deeper_depths(state, n):
+            if not frontier:
                 break
-            branches = []
-            for i in frontier:
-                path = path_to([nd.parent for nd in nodes], i)  # node indices depth 1..depth-1
-                btoks = [nodes[j].token for j in path]
-                parent_outs = nodes[nodes[i].parent].outs if nodes[i].parent >= 0 else []
-                bfeats = [self.G[h - 1][n - h]] + list(parent_outs)
-                branches.append((btoks, bfeats))
-            _, outs = self._run_head(h, n, tokens, branches)
-            for i, o in zip(frontier, outs):
-                nodes[i].outs = o
-            last = torch.stack([o[-1] for o in outs])
-            ctoks, clps = self._dist(last, k)
-            new_frontier = []
-            cand = []
-            for i, ts, ls in zip(frontier, ctoks, clps):
-                for r, (tok, lp) in enumerate(zip(ts, ls)):
-                    if kind == "chain" and r > 0:
-                        break
-                    cand.append((i, r, tok, nodes[i].logp + lp))
-            for i, r, tok, lp in cand:
-                nodes.append(_Node(tok, i, depth, lp))
-                if kind in ("chain", "s4c") and r == 0:
-                    new_frontier.append(len(nodes) - 1)
-                    chain_nodes.add(len(nodes) - 1)
-            if kind == "eagle":  # expand the k best nodes of this depth by cumulative log-prob
-                this = [j for j in range(len(nodes)) if nodes[j].depth == depth]
-                new_frontier = sorted(this, key=lambda j: -nodes[j].logp)[:k]
-            frontier = new_frontier
-        size, chain = 0, []
-        if self.context > 0:
-            size, chain = pld.lookup_with_size(tokens, min(self.context, self.budget - 1), max_ngram=3, min_ngram=1)
+            ranked = self._children(state, n, nodes, frontier, depth)
+            next_frontier = []
+            for i, (toks, lps) in zip(frontier, ranked):
+                for rank, (tok, lp) in enumerate(zip(toks, lps)):
+                    nodes.append(_Node(tok, i, depth, nodes[i].logp + lp))
+                    if rank == 0:
+                        next_frontier.append(len(nodes) - 1)
+                        vertical.add(len(nodes) - 1)
+            frontier = next_frontier
+        return nodes, vertical
+
+    def _grow_chain(self, state: DecodeState, n: int) -> tuple[list[_Node], set[int]]:
+        """One top-1 chain: each head extends it by its best token."""
+        nodes = self._depth1(state, n, 1)
+        vertical = {0}
+        frontier = [] if self._skip_deeper(nodes) else [0]
+        for depth in self._deeper_depths(state, n):
+            if not frontier:
+                break
+            ranked = self._children(state, n, nodes, frontier, depth)
+            next_frontier = []
+            for i, (toks, lps) in zip(frontier, ranked):
+                nodes.append(_Node(toks[0], i, depth, nodes[i].logp + lps[0]))
+                next_frontier.append(len(nodes) - 1)
+                vertical.add(len(nodes) - 1)
+            frontier = next_frontier
+        return nodes, vertical
+
+    def _grow_eagle(self, state: DecodeState, n: int) -> tuple[list[_Node], set[int]]:
+        """EAGLE-2 style: every expanded node gets its top-k children, and the k best nodes of each depth by
+        cumulative log-prob are expanded next.  No chain is kept first."""
+        k = self.topk
+        nodes = self._depth1(state, n, k)
+        frontier = [] if self._skip_deeper(nodes) else list(range(len(nodes)))
+        for depth in self._deeper_depths(state, n):
+            if not frontier:
+                break
+            ranked = self._children(state, n, nodes, frontier, depth)
+            for i, (toks, lps) in zip(frontier, ranked):
+                for tok, lp in zip(toks, lps):
+                    nodes.append(_Node(tok, i, depth, nodes[i].logp + lp))
+            this_depth = [j for j in range(len(nodes)) if nodes[j].depth == depth]
+            frontier = sorted(this_depth, key=lambda j: -nodes[j].logp)[:k]
+        return nodes, set()
+
+    def _depth1(self, state: DecodeState, n: int, width: int) -> list[_Node]:
+        """Head 1 over the committed positions up to n-1; its output at n-1 ranks the depth-1 candidates, of which
+        the best `width` become nodes."""
+        self._run_head(0, n, state.tokens, [])
+        toks, lps = self._dist(self.head_outputs[0][n - 1 : n], max(self.topk, 2))
+        return [_Node(tok, -1, 1, lp) for tok, lp in zip(toks[0], lps[0])][:width]
+
+    def _skip_deeper(self, nodes: list[_Node]) -> bool:
+        """Whether the deeper heads' calls can be skipped: even sure children could not pay for this step."""
+        return self.rel_cost is not None and self._not_worth_deeper(nodes[0].logp)
+
+    def _deeper_depths(self, state: DecodeState, n: int):
+        """Depths 2..H, while head d - 1 has a committed position before the root and a node at depth d still fits
+        in what is left to generate (the target adds one token of its own)."""
+        for depth in range(2, self.n_heads + 1):
+            if n - (depth - 1) < 0 or depth > state.remaining - 1:
+                return
+            yield depth
+
+    def _children(self, state: DecodeState, n: int, nodes: list[_Node], frontier: list[int],
+                  depth: int) -> list[tuple[list[int], list[float]]]:
+        """Run head depth - 1 on the path to every frontier node (one call); per frontier node, its top-k children
+        as (tokens, log-probs given the parent).  Each node keeps the head's outputs along its path for its own
+        children's head."""
+        h = depth - 1
+        branches = []
+        for i in frontier:
+            path = path_to([nd.parent for nd in nodes], i)  # node indices depth 1..depth-1
+            btoks = [nodes[j].token for j in path]
+            parent_outs = nodes[nodes[i].parent].outs if nodes[i].parent >= 0 else []
+            bfeats = [self.head_outputs[h - 1][n - h]] + list(parent_outs)
+            branches.append((btoks, bfeats))
+        _, outs = self._run_head(h, n, state.tokens, branches)
+        for i, o in zip(frontier, outs):
+            nodes[i].outs = o
+        ctoks, clps = self._dist(torch.stack([o[-1] for o in outs]), self.topk)
+        return list(zip(ctoks, clps))
+
+    def _finish(self, state: DecodeState, nodes: list[_Node], vertical: set[int]) -> DraftTree:
+        """The head tree under the budget, prompt lookup's continuation grafted on (option `prompt_lookup`), then
+        calibrated and, when sized per step, cut to what pays for its verification."""
+        ngram_length, graft = 0, []
+        if self.prompt_lookup > 0:
+            ngram_length, graft = lookup_with_ngram_length(state.tokens, min(self.prompt_lookup, self.budget - 1),
+                                                           max_ngram=3, min_ngram=1)
         # a fixed tree shares the budget between the heads and the graft; a tree sized per step (below) keeps every
         # head node and lets the cut rank them against the grafted ones, the budget capping what it sends
-        tree = self._select(nodes, chain_nodes if kind != "eagle" else set(),
-                            self.budget if self.rel_cost is not None else self.budget - len(chain))
-        # prompt lookup's continuation (option `context`)
-        tree = tree.graft(chain, "context", score=float(size)) if chain else tree
-        # raw scores: the heads' path probability; grafted context nodes the matched n-gram's length (their
+        tree = self._select(nodes, vertical, self.budget if self.rel_cost is not None else self.budget - len(graft))
+        tree = tree.graft(graft, PROMPT.name, score=float(ngram_length)) if graft else tree
+        # raw scores: the heads' path probability; grafted prompt nodes the matched n-gram's length (their
         # calibration table maps it, per depth, to how often such a node is right)
         if self.calibrator is not None:
             tree = self.calibrator.apply(tree)
         if self.rel_cost is not None:
             tree = cut_to_cost(tree, self.rel_cost, max_nodes=self.budget)
-            self._last_depths = [d for d, s in zip(tree.depths(), tree.sources) if s != "context"]
+            self._last_depths = [d for d, s in zip(tree.depths(), tree.sources) if s != PROMPT.name]
         return tree
 
     def _not_worth_deeper(self, top_logp: float) -> bool:
         """True when the best depth-1 candidate is so unlikely that no chain under it pays for its verification even
         if every deeper node were certain given its parent (an upper bound), so heads 2..H need not run."""
         p1 = self.calibrator(["head1"], [1], [math.exp(top_logp)])[0]
-        return best_size([p1] * self.H, self.rel_cost) <= 1
+        return best_size([p1] * self.n_heads, self.rel_cost) <= 1
 
     def _select(self, nodes: list[_Node], first: set[int], budget: int | None = None) -> DraftTree:
         """Keep `budget` nodes: the vertical chains first (s4c/chain), then the rest by cumulative log-prob; a node
@@ -275,15 +322,6 @@ class S4CDrafter(Drafter):
         return full.subtree(kept)
 
 
-# Fixed node budgets (dynamic=false).  CPU: 11 -- a verification of 12 rows (root + 11) sits in a cheap spot of the
-# measured cost curve (row counts 3, 7, 11, 15 are slow kernel cases), and 11 nodes keep most of the tau of 15 at less
-# cost (docs/s4c.md, docs/benchmarks.md).  Elsewhere 15: on a GPU extra nodes are almost free.
-CPU_BUDGET, DEFAULT_BUDGET = 11, 15
-# With per-step sizing (dynamic, the CPU default when the model has a calibration) the budget is only a cap: each
-# step sends the best-first prefix of the tree that pays for its verification, so the cap can hold the whole s4c tree.
-DYNAMIC_CAP = 16
-
-
 OPTIONS = (
     Option("heads", "path", help="trained draft heads: a folder or a hub id (default: the model's shipped heads)"),
     Option("tree", "choice", choices=("s4c", "chain", "eagle"), help="tree shape (s4c = the paper's)"),
@@ -291,34 +329,34 @@ OPTIONS = (
     Option("topk", "int", 1, 16, help="candidates each head contributes"),
     Option("window", "int", 0, 4096, help="prompt tokens the heads attend over (0 = all; default: their training crop)"),
     Option("precision", "choice", choices=("bf16", "fp32"), help="the heads' weights on the CPU (bf16 = half the bytes)"),
-    Option("context", "int", 0, 64, help="graft a prompt-lookup chain of up to this many tokens (0 = off)"),
+    Option("prompt_lookup", "int", 0, 64, help="graft a prompt-lookup chain of up to this many tokens (0 = off)",
+           aliases=("context",)),
     Option("dynamic", "bool", help="send per step the part of the tree that pays for its verification"),
     Option("calibration", "path", special=("none",), help="a calibration file, or 'none' for raw scores"),
 )
 
 
 def make(target: Target, heads: str | None = None, tree: str = "s4c", budget: int | str | None = None, topk: int = 3,
-         context: int = 10, dynamic: bool | None = None, calibration: str | None = None, window: int | None = None,
-         precision: str = "bf16") -> S4CDrafter:
-    cpu = target.device.type == "cpu"
-    if dynamic is None:  # per-step sizing where verification cost grows with the tree and a calibration exists
-        dynamic = cpu and calibration_available(target, "s4c")
+         prompt_lookup: int = 10, dynamic: bool | None = None, calibration: str | None = None,
+         window: int | None = None, precision: str = "bf16") -> S4CDrafter:
+    """An S4C drafter for `target` (see the module docstring for the options); tree sizes left unset come from
+    budget.TREE_SIZES."""
+    dynamic, budget = default_sizing(target, "s4c", dynamic, budget)
     source = heads or default_heads(target)
     if source is None or (isinstance(source, Path) and not (source / "model.safetensors").exists()):
-        raise DrafterUnavailable(_missing(target))
+        raise DrafterUnavailable(missing_heads(target))
     try:
-        loaded = _cached_heads(target, str(source), bf16=precision == "bf16")
+        loaded = cached_heads(target, str(source), bf16=precision == "bf16")
     except S4CArtifactError as exc:
         raise DrafterUnavailable(str(exc)) from exc
-    if budget is None:
-        budget = (DYNAMIC_CAP if dynamic else CPU_BUDGET) if cpu else DEFAULT_BUDGET
     if budget == "auto":
         budget = _auto_budget(target)
         topk = max(int(topk), -(-budget // (2 * loaded.n_heads - 1)))  # an s4c tree holds (2H - 1) * topk nodes
     if window is None:
         window = loaded.config.get("training", {}).get("max_prompt", TRAINED_PROMPT)
-    return S4CDrafter(target, loaded, tree=str(tree), budget=int(budget), topk=int(topk), context=int(context),
-                      dynamic=dynamic, calibration=Path(calibration) if calibration else None, window=int(window))
+    return S4CDrafter(target, loaded, tree=str(tree), budget=int(budget), topk=int(topk),
+                      prompt_lookup=int(prompt_lookup), dynamic=dynamic,
+                      calibration=Path(calibration) if calibration else None, window=int(window))
 
 
 # tau of the s4c tree by node budget on the embedded model with the shipped heads (scripts/s4c_tau.py, greedy)
@@ -332,38 +370,9 @@ def _auto_budget(target: Target) -> int:
     return max(3, int(pick_budget(target, EXPECTED_TAU, sizes=(0, 1, 2, 4, 8, 12, 16))))
 
 
-def _cached_heads(target: Target, source: str, bf16: bool = True) -> S4CHeads:
-    """Heads loaded once per model and kept on it (they hold the model: a global cache would keep it alive), their
-    linear layers on the CPU's packed path like the target's (a head call has 1-10 rows), in bf16 where asked for and
-    the CPU has it: the heads only draft, and a head call streams its weights once per step."""
-    bf16 = bool(bf16 and target.packed_linears)  # elsewhere the heads are in the target's dtype either way
-    key = ("s4c-heads", source, bf16)
-    if key not in target.artifacts:
-        heads = load_heads(target, source)
-        if target.packed_linears:
-            use_packed_linears(heads, draft_precision=bf16)
-        target.artifacts[key] = heads
-    return target.artifacts[key]
-
-
-def _missing(target: Target) -> str:
-    return (f"S4C has no draft heads for '{target.name}'. Train them with: {train_command(target.name, 'HEADS_DIR')} "
-            f"and pick them with the option heads=HEADS_DIR.")
-
-
-def unavailable_reason(target: Target) -> str | None:
-    src = default_heads(target)
-    if src is None or not (src / "model.safetensors").exists():
-        return _missing(target)
-    try:
-        cfg = json.loads((src / "config.json").read_text())
-    except (OSError, ValueError):
-        return f"The S4C heads in {src} are unreadable; rebuild them: {train_command(target.name, str(src))}"
-    return mismatch(cfg, target, src)
-
-
 KNOBS = (
     Knob("s4c", "budget", "Tree budget", 0, 64, 0,
-         "draft nodes per step · 0 = device default (CPU: up to 16, sized per step; GPU: 15)", "omit"),
+         "draft nodes per step · 0 = device default (CPU: up to 16, sized per step; GPU: 15)",
+         zero_keeps_default=True),
     Knob("s4c", "topk", "Top-k per head", 1, 8, 3, "candidates each head contributes"),
 )

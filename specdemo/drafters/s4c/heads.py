@@ -48,6 +48,8 @@ from torch import nn
 from specdemo import ASSETS as PACKAGE_ASSETS
 from specdemo import artifacts
 from specdemo.artifacts import architecture_hash, resolve_dir
+from specdemo.cpu_linear import use_packed_linears
+from specdemo.target import EMBEDDED
 
 FORMAT = "specdemo-s4c"
 VERSION = 1
@@ -185,3 +187,41 @@ def load_heads(target, source: str | Path) -> S4CHeads:
     heads.eval().requires_grad_(False)
     heads.config = cfg
     return heads
+
+
+# ------------------------------------------------------------------------------------------- the model's own heads
+def default_heads(target) -> Path | None:
+    """The shipped heads of `target`'s model: only the embedded model has some."""
+    return EMBEDDED_HEADS if target.name == EMBEDDED else None
+
+
+def cached_heads(target, source: str, bf16: bool = True) -> S4CHeads:
+    """Heads loaded once per model and kept on it (they hold the model: a global cache would keep it alive), their
+    linear layers on the CPU's packed path like the target's (a head call has 1-10 rows), in bf16 where asked for and
+    the CPU has it: the heads only draft, and a head call streams its weights once per step."""
+    bf16 = bool(bf16 and target.packed_linears)  # elsewhere the heads are in the target's dtype either way
+    key = ("s4c-heads", source, bf16)
+    if key not in target.artifacts:
+        heads = load_heads(target, source)
+        if target.packed_linears:
+            use_packed_linears(heads, draft_precision=bf16)
+        target.artifacts[key] = heads
+    return target.artifacts[key]
+
+
+def missing_heads(target) -> str:
+    """What to say when a model has no heads: the command that trains them and the option that picks them."""
+    return (f"S4C has no draft heads for '{target.name}'. Train them with: {train_command(target.name, 'HEADS_DIR')} "
+            f"and pick them with the option heads=HEADS_DIR.")
+
+
+def unavailable_reason(target) -> str | None:
+    """Why S4C cannot run on `target` with its default heads (reads their config only), or None."""
+    src = default_heads(target)
+    if src is None or not (src / "model.safetensors").exists():
+        return missing_heads(target)
+    try:
+        cfg = json.loads((src / "config.json").read_text())
+    except (OSError, ValueError):
+        return f"The S4C heads in {src} are unreadable; rebuild them: {train_command(target.name, str(src))}"
+    return mismatch(cfg, target, src)

@@ -2,9 +2,10 @@
 from specdemo.drafters.sdsat.drafter import (
     KNOBS,
     OPTIONS,
+    SOURCES,
     make,
     note,
     unavailable_reason,
 )
 
-__all__ = ["KNOBS", "OPTIONS", "make", "unavailable_reason", "note"]
+__all__ = ["KNOBS", "OPTIONS", "SOURCES", "make", "unavailable_reason", "note"]

@@ -12,6 +12,10 @@ Drafts are trees built from the probes' ranked top-k (the paper's nucleus trees,
 candidates each depth keeps (e.g. "2,1,1,1"; every node at depth d gets the same top-b_d children, as in the
 reference code).  The engine's position-keyed sampling verifies any tree exactly, so greedy and sampling are both
 lossless.
+
+prompt_lookup (NOT in the paper; formerly `lookup`): prompt lookup's continuation grafted next to the probes' drafts
+(source "prompt"), scored by its matched n-gram's length and cut with the rest by the calibrated cost.  Device
+defaults of the tree's shape: budget.TREE_SIZES.
 """
 from __future__ import annotations
 
@@ -21,9 +25,9 @@ from pathlib import Path
 
 import torch
 
-from specdemo.budget import best_size, calibrated_cost
-from specdemo.calibration import available as calibration_available
-from specdemo.drafters import DrafterUnavailable, Knob, Option, pld
+from specdemo.budget import best_size, calibrated_cost, default_sizing, tree_size
+from specdemo.drafters.contract import PROMPT, DrafterUnavailable, DraftSource, Knob, Option
+from specdemo.drafters.pld import lookup_with_ngram_length
 from specdemo.drafters.sdsat.adapter import (
     CONFIG_FILE,
     AdapterError,
@@ -35,12 +39,17 @@ from specdemo.drafters.sdsat.adapter import (
 from specdemo.engine import DecodeState, Drafter, Verified
 from specdemo.tree import DepthTally, DraftTree, TreeBuffers
 
+ADAPTIVE = DraftSource("adaptive", "adaptive token", "#fed7aa", "#7c2d12")  # drafted by a probe of the last step
+PROBE = DraftSource("probe", "probe", "#ddd6fe", "#4c1d95")  # an adaptive-token probe itself: never accepted
+SOURCES = (ADAPTIVE, PROBE, PROMPT)
+
 
 class SDSATDrafter(Drafter):
     name = "sdsat"
 
     def __init__(self, target, adapter, k: int = 4, loop: str = "fused", branching=None, chains: int = -1,
-                 lookup: int = 0, shape: str = "uniform", dynamic: bool = False, calibration: Path | None = None):
+                 prompt_lookup: int = 0, shape: str = "uniform", dynamic: bool = False,
+                 calibration: Path | None = None):
         if loop not in ("fused", "paper"):
             raise ValueError(f"loop must be 'fused' or 'paper', got {loop!r}")
         if shape not in ("uniform", "main", "fan"):
@@ -55,7 +64,7 @@ class SDSATDrafter(Drafter):
             branching = [int(x) for x in branching.replace("x", ",").split(",") if x.strip()]
         self.branching = list(branching) if branching else [1] * self.k
         self.branching = (self.branching + [1] * self.k)[: self.k]
-        self.lookup = int(lookup)  # > 0: also merge a prompt-lookup chain of this many tokens (make(): 6)
+        self.prompt_lookup = int(prompt_lookup)  # > 0: also merge a prompt-lookup chain of this many tokens (make(): 6)
         self.chains = chains  # probe chains under at most this many main-path draft nodes (-1 = all)
         # dynamic: send, per step, the draft nodes that pay for their verification by their calibrated acceptance
         # probability (budget.best_size); a probe chain rides along with the node it hangs under
@@ -90,18 +99,19 @@ class SDSATDrafter(Drafter):
                 for rank, tok in enumerate(cands[:b]):
                     tokens.append(tok)
                     parents.append(parent)
-                    sources.append("adaptive")
+                    sources.append(ADAPTIVE.name)
                     probe.append(False)
                     raw.append(probs[d][rank] * (raw[parent] if parent >= 0 else 1.0))
                     if rank == 0 and (parent == -1 or (main_path and parent == main_path[-1])):
                         main_path.append(len(tokens) - 1)
                     nxt.append(len(tokens) - 1)
             frontier = nxt
-        if self.lookup and (self.loop == "fused" or ranked):  # option `lookup`: prompt lookup's chain as a trie branch
-            size, chain = pld.lookup_with_size(state.tokens, self.lookup)
+        if self.prompt_lookup and (self.loop == "fused" or ranked):  # prompt lookup's chain as a trie branch
+            ngram_length, chain = lookup_with_ngram_length(state.tokens, self.prompt_lookup)
             # raw score: the matched n-gram's length, which the calibration maps per depth to how often such a node
             # is right (a 3-gram match is right far more often than a 1-gram one)
-            merged = DraftTree(tokens, parents, sources, probe, raw).graft(chain, "context", score=float(size))
+            merged = DraftTree(tokens, parents, sources, probe, raw).graft(chain, PROMPT.name,
+                                                                          score=float(ngram_length))
             tokens, parents, sources, probe, raw = merged.tokens, merged.parents, merged.sources, merged.probe, merged.scores
         if self.loop == "fused" or not ranked:
             origins = [-1] + (main_path if self.loop == "fused" else [])
@@ -114,7 +124,7 @@ class SDSATDrafter(Drafter):
                 for _ in range(self.k):
                     tokens.append(self.adapter.token_id)
                     parents.append(parent)
-                    sources.append("probe")
+                    sources.append(PROBE.name)
                     probe.append(True)
                     raw.append(0.0)
                     parent = len(tokens) - 1
@@ -209,18 +219,6 @@ def _chains(tree: DraftTree) -> dict[int, list[int]]:
     return out
 
 
-# Default tree shape by device.  CPU: 9 nodes -- 4 candidates at depth 1, one at depth 2 under the top-1, probe chains
-# of 2 under the root and under the top-1.  Side by side on assets/prompts/tune.jsonl (training prompts, shipped
-# gate/up adapter; docs/sdsat.md) the 6-14-node shapes tried all gave 1.25-1.40x; this one 1.37x at tau 1.74.
-# GPU: nodes are nearly free; k chains everywhere.
-# lookup (NOT in the paper, like S4C's `context`): prompt lookup's continuation of up to 6 tokens grafted next to the
-# probes' drafts, scored by its n-gram length and cut with the rest by the calibrated cost.  On 10 ShareGPT tuning
-# prompts (scripts/sharegpt_tune_prompts.py; docs/sdsat.md) it lifted tau 1.54 -> 1.67 and 1.20x -> 1.32x; 4 and 10
-# tokens did the same within noise.
-CPU_DEFAULTS = {"k": 2, "chains": 1, "branching": "4,1", "shape": "main", "lookup": 6}
-GPU_DEFAULTS = {"k": 4, "chains": -1, "branching": None, "shape": "uniform", "lookup": 6}
-
-
 # The paper's published full fine-tunes and the adaptive token id their scripts repeat (ainergy-ml/SDSAT,
 # start_greedy.sh: 32011).  They draft AND verify with themselves, so their output is the fine-tuned model's, not the
 # original CodeLlama's: the race is still exact, but against the fine-tuned model's own AR decoding.
@@ -250,7 +248,8 @@ OPTIONS = (
     Option("loop", "choice", choices=("fused", "paper"), help="fused: one forward verifies and drafts; paper: two"),
     Option("branching", "counts", 1, 64, help="candidates kept per draft depth, e.g. 4,1"),
     Option("chains", "int", -1, 64, help="probe chains under at most this many draft nodes (-1 = all)"),
-    Option("lookup", "int", 0, 64, help="also merge a prompt-lookup chain of this many tokens (0 = off)"),
+    Option("prompt_lookup", "int", 0, 64, help="also merge a prompt-lookup chain of this many tokens (0 = off)",
+           aliases=("lookup",)),
     Option("shape", "choice", choices=("uniform", "main", "fan"), help="which draft nodes get children"),
     Option("model_verifies", "bool", help="a published SDSAT fine-tune that verifies its own drafts"),
     Option("token_id", "int", 0, 10_000_000, help="the adaptive token id of such a fine-tune"),
@@ -260,8 +259,10 @@ OPTIONS = (
 
 
 def make(target, adapter=None, k: int | None = None, loop: str = "fused", branching=None, chains: int | None = None,
-         lookup: int | None = None, shape: str | None = None, model_verifies: bool | None = None, token_id: int | None = None,
-         dynamic: bool | None = None, calibration: str | None = None) -> SDSATDrafter:
+         prompt_lookup: int | None = None, shape: str | None = None, model_verifies: bool | None = None,
+         token_id: int | None = None, dynamic: bool | None = None, calibration: str | None = None) -> SDSATDrafter:
+    """An SDSAT drafter for `target`; each tree-shape option left out takes the device default (budget.TREE_SIZES:
+    k, chains, branching, shape, prompt_lookup)."""
     model_verifies = self_verifying(target) if model_verifies is None else bool(model_verifies)
     if model_verifies:
         token_id = PUBLISHED.get(target.name) if token_id is None else token_id
@@ -269,11 +270,11 @@ def make(target, adapter=None, k: int | None = None, loop: str = "fused", branch
             raise ValueError(f"model_verifies=true needs token_id=<the adaptive token id the model was fine-tuned "
                              f"with> within its vocabulary (got {token_id}).")
         adapter = SelfAdapter(int(token_id))
-    dflt = CPU_DEFAULTS if target.device.type == "cpu" else GPU_DEFAULTS
-    k = int(dflt["k"] if k is None else k)  # each option left out takes the device default
+    dflt = tree_size(target, "sdsat").shape
+    k = int(dflt["k"] if k is None else k)
     branching = dflt["branching"] if branching is None else branching
     chains = int(dflt["chains"] if chains is None else chains)
-    lookup = int(dflt["lookup"] if lookup is None else lookup)
+    prompt_lookup = int(dflt["prompt_lookup"] if prompt_lookup is None else prompt_lookup)
     shape = shape or dflt["shape"]
     spec = adapter or default_artifact_dir(target)
     if isinstance(spec, (str, Path)):
@@ -289,10 +290,9 @@ def make(target, adapter=None, k: int | None = None, loop: str = "fused", branch
             raise DrafterUnavailable(f"{exc} Create one with `{train_command(target)}`.") from exc
     else:
         ad = spec  # an SDSATAdapter object (tests)
-    if dynamic is None:  # per-step sizing where verification cost grows with the tree and a calibration exists
-        dynamic = target.device.type == "cpu" and calibration_available(target, "sdsat")
-    return SDSATDrafter(target, ad, k=k, loop=loop, branching=branching, chains=chains, lookup=lookup, shape=shape,
-                        dynamic=dynamic, calibration=Path(calibration) if calibration else None)
+    dynamic, _ = default_sizing(target, "sdsat", dynamic)
+    return SDSATDrafter(target, ad, k=k, loop=loop, branching=branching, chains=chains, prompt_lookup=prompt_lookup,
+                        shape=shape, dynamic=dynamic, calibration=Path(calibration) if calibration else None)
 
 
 def unavailable_reason(target) -> str | None:
@@ -311,7 +311,7 @@ def unavailable_reason(target) -> str | None:
 
 KNOBS = (
     Knob("sdsat", "k", "Adaptive tokens", 0, 8, 0, "adaptive tokens per probe chain · 0 = device default (2 on CPU, 4 "
-         "on GPU)", "omit"),
+         "on GPU)", zero_keeps_default=True),
 )
 
 
