@@ -152,6 +152,9 @@ def test_the_plots_draw_while_racing(page, tmp_path):
     print("mid-race screenshot:", tmp_path / "mid-race.png")
     marks = plot_marks(page)
     assert len(marks) == 4 and all(m > 0 for m in marks), f"charts without marks mid-race: {marks}"
+    lanes = page.locator("#sd-lanes .sd-lane").count()
+    legend = page.locator(".sd-plot").first.locator(".role-legend-label text").all_inner_texts()
+    assert len(legend) == lanes and marks[0] == lanes, (legend, marks)  # every lane's line, AR's included
     running = page.locator('#sd-summary [data-status="running"]').count()
     page.locator("#sd-stop").click()
     page.wait_for_selector('#sd-summary [data-status="stopped"], #sd-summary [data-status="done"]', timeout=120_000)

@@ -183,3 +183,16 @@ def test_calibrate_update_keeps_other_methods_and_refuses_other_settings(tmp_pat
     assert commands == {"greedy": {"rest": "python -m specdemo calibrate"}}  # the older file's one command
     with pytest.raises(ValueError, match="without --update"):
         calibrate._kept(out, target, prompts[:1], args)  # other prompts: its tables are not comparable
+
+
+def test_every_default_tree_fits_the_engines_cap():
+    """The engine trims any tree to `GenerationConfig.max_tree_nodes` in tree order (not best-first): a default above
+    it would silently lose its best nodes."""
+    from specdemo.budget import TREE_SIZES
+    from specdemo.engine import GenerationConfig
+
+    cap = GenerationConfig().max_tree_nodes
+    for method, by_device in TREE_SIZES.items():
+        for device, size in by_device.items():
+            for nodes in (size.budget, size.dynamic_cap):
+                assert nodes is None or nodes <= cap, (method, device, nodes)

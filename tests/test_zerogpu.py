@@ -55,3 +55,16 @@ def test_the_bench_returns_plain_data():
     assert plain(args) == args
     result = _bench(*args, warmup=False)
     assert plain(result) == result
+
+
+def test_the_code_runs_on_python_3_10():
+    """ZeroGPU runs Python 3.10.13: no syntax or standard-library use newer than 3.10 (vermin reads every file)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([str(Path(sys.executable).with_name("vermin")), "-t=3.10-", "--no-tips", "--violations",
+                          "--eval-annotations", "--no-parse-comments", "specdemo", "app.py", "scripts", "tests"],
+                         capture_output=True, text=True, cwd=root)
+    assert out.returncode == 0, out.stdout + out.stderr

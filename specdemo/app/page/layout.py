@@ -95,13 +95,16 @@ def _race_view(ui: SimpleNamespace) -> None:
 
 
 def _plots(ui: SimpleNamespace) -> None:
-    """One chart per entry of the plot registry."""
+    """One chart per entry of the plot registry, two to a row: a chart's legend lists every lane in one line, and a
+    race of every method needs half the page's width for it.  The charts start with no value: one that starts from
+    an empty frame stays blank through its first update (Gradio 6.31 embeds it only on the second)."""
     chart = {"line": gr.LinePlot, "bar": gr.BarPlot}
-    with gr.Row():
-        for plot in PLOTS:
-            setattr(ui, plot.name, chart[plot.kind](plot.frame(None, None), x=plot.x, y=plot.y, color=plot.color,
-                                                    title=plot.title, label=plot.title, elem_classes=["sd-plot"],
-                                                    **plot.options))
+    for row in range(0, len(PLOTS), 2):
+        with gr.Row():
+            for plot in PLOTS[row: row + 2]:
+                setattr(ui, plot.name, chart[plot.kind](None, x=plot.x, y=plot.y, color=plot.color,
+                                                        title=plot.title, label=plot.title, elem_classes=["sd-plot"],
+                                                        **plot.options))
 
 
 def _steps(ui: SimpleNamespace) -> None:

@@ -174,7 +174,7 @@ def acceptance_scores(trie: Trie, confidence: float = 0.95, prior: float = 1.6,
     confidence * weight(node) / (weight(parent) + prior), the root's weight being the total.  The prior shrinks
     prefixes seen in few continuations (a single retrieved continuation is right ~45% of the time per token on the
     embedded model, not 100%); request-dominated nodes use `context_prior` (their rows weigh `context_weight`).
-    Fitted by maximum likelihood on HumanEval + chat replays (scripts/rest_tau.py); never above the parent's score."""
+    Fitted by maximum likelihood on HumanEval + chat replays (`specdemo acceptance`); never above the parent's score."""
     n = len(trie)
     score = np.zeros(n)
     if not n:

@@ -359,7 +359,7 @@ def make(target: Target, heads: str | None = None, tree: str = "s4c", budget: in
                       calibration=Path(calibration) if calibration else None, window=int(window))
 
 
-# tau of the s4c tree by node budget on the embedded model with the shipped heads (scripts/s4c_tau.py, greedy)
+# tau of the s4c tree by node budget on the embedded model with the shipped heads (`specdemo acceptance`, greedy)
 EXPECTED_TAU = {1: 1.45, 3: 1.75, 6: 2.0, 9: 2.15, 12: 2.25, 15: 2.3}
 
 
