@@ -132,8 +132,7 @@ def test_stop_ends_the_race_within_a_step(page):
 def plot_marks(page) -> list[int]:
     """Per live plot on the page: how many data marks (lines, bars) its chart has drawn."""
     return page.locator(".sd-plot").evaluate_all(
-        "els => els.map(e => e.querySelectorAll('.mark-line path, .mark-rect path, .mark-symbol path, "
-        ".mark-area path').length)")
+        "els => els.map(e => e.querySelectorAll('.mark-line.role-mark path, .mark-rect.role-mark path').length)")
 
 
 def test_the_plots_draw_while_racing(page, tmp_path):
@@ -153,7 +152,8 @@ def test_the_plots_draw_while_racing(page, tmp_path):
     marks = plot_marks(page)
     assert len(marks) == 4 and all(m > 0 for m in marks), f"charts without marks mid-race: {marks}"
     lanes = page.locator("#sd-lanes .sd-lane").count()
-    legend = page.locator(".sd-plot").first.locator(".role-legend-label text").all_inner_texts()
+    legend = page.locator(".sd-plot").first.evaluate(
+        "e => [...e.querySelectorAll('.role-legend-label text')].map(t => t.textContent)")
     assert len(legend) == lanes and marks[0] == lanes, (legend, marks)  # every lane's line, AR's included
     running = page.locator('#sd-summary [data-status="running"]').count()
     page.locator("#sd-stop").click()

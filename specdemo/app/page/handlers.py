@@ -106,7 +106,8 @@ def _stream(req, request: gr.Request | None):
     try:
         for rec in throttled(run_race(req, None if ZERO_GPU else stop), TEXT_EVERY):
             final = not rec.active
-            started = rec.status == "running" and all(run.events for run in rec.runs.values())
+            lane = rec.chosen_lane()  # the per-lane plots' lane: once it has a step, every chart has marks to draw
+            started = rec.status == "running" and lane is not None and bool(rec.runs[lane].events)
             plot_now = final or (started and time.monotonic() - last_plot > PLOT_EVERY)
             if plot_now:
                 last_plot = time.monotonic()
