@@ -28,6 +28,7 @@ from typing import Callable
 
 import torch
 
+from specdemo.bench import parse_options
 from specdemo.budget import CURVE_SIZES, cost_at, measure_cost_curves, pin_cost_curves, relative_cost, verify_cost_curve
 from specdemo.drafters import METHODS, make_drafter
 from specdemo.engine import GenerationConfig, StepEvent, run_to_end
@@ -113,18 +114,6 @@ def format_lines(result: dict) -> str:
                      f"{fmt(r['mean_nodes'], '6.1f')} {fmt(r['empty_steps'], '6.2f')} {fmt(r['identical'], '9.2f')}  "
                      f"{cond}")
     return "\n".join(lines)
-
-
-def parse_options(items: list[str]) -> dict[str, dict]:
-    """`--option rest.budget=16` -> {"rest": {"budget": "16"}}; the drafter's declared options parse the value."""
-    out: dict[str, dict] = {}
-    for item in items:
-        key, _, value = item.partition("=")
-        method, _, name = key.partition(".")
-        if not name or not value:
-            raise ValueError(f"--option expects METHOD.NAME=VALUE, got '{item}'")
-        out.setdefault(method, {})[name] = value
-    return out
 
 
 def register(sub) -> None:

@@ -170,7 +170,7 @@ def group_rows(result: dict) -> list[tuple[str, int, list[str]]]:
     return rows + [("overall", result["prompts"], [cell(result["methods"][m]) for m in methods])]
 
 
-def _parse_options(items: list[str]) -> dict[str, dict]:
+def parse_options(items: list[str]) -> dict[str, dict]:
     """`--option rest.budget=16` -> {"rest": {"budget": 16}} (ints, floats, true/false parsed)."""
     out: dict[str, dict] = {}
     for item in items:
@@ -258,7 +258,7 @@ def _cli(args) -> int:
     def progress(i: int, n: int, pid: str, m: str) -> None:
         print(f"\r[{i + 1}/{n}] {pid} {m:<8}", end="", file=sys.stderr, flush=True)
 
-    result = run_bench(target, methods, prompts, args.max_new_tokens, sampling, _parse_options(args.option), progress)
+    result = run_bench(target, methods, prompts, args.max_new_tokens, sampling, parse_options(args.option), progress)
     print("", file=sys.stderr)
     result["command"] = "python -m specdemo bench " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else [])
     print(format_table(result))

@@ -45,9 +45,9 @@ def test_step_depth_ignores_probes():
     assert acceptance.step_depth(event(DraftTree.empty(), [], [0])) == 0
 
 
-def test_options_are_passed_as_text_to_the_drafters_declared_options():
+def test_options_are_parsed_as_the_bench_parses_them():
     assert acceptance.parse_options(["pld:short.num_tokens=2", "pld.adaptive=false"]) == {
-        "pld:short": {"num_tokens": "2"}, "pld": {"adaptive": "false"}}
+        "pld:short": {"num_tokens": 2}, "pld": {"adaptive": False}}
     with pytest.raises(ValueError, match="METHOD.NAME=VALUE"):
         acceptance.parse_options(["pld=2"])
 

@@ -12,7 +12,8 @@ from specdemo.app.public import (
     count_params,
 )
 from specdemo.app.request import UserError, race_request
-from specdemo.app.session import RaceRequest, run_race
+from specdemo.app.racing import run_race
+from specdemo.app.request import RaceRequest
 from specdemo.target import ModelLoadError, load_target
 
 TINY = dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -80,7 +81,7 @@ def test_server_paths_in_options_are_refused(public_on):
 
 
 def test_a_refused_model_is_a_message_in_the_race(public_on):
-    final = list(run_race(RaceRequest("Hello", "pld", "/etc", max_new_tokens=4)))[-1]
+    final = list(run_race(RaceRequest("Hello", ("pld",), "/etc", max_new_tokens=4)))[-1]
     assert final.status == "error" and "hub id" in final.message
 
 

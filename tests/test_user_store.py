@@ -4,7 +4,6 @@ from __future__ import annotations
 import io
 import tarfile
 import zipfile
-from types import SimpleNamespace
 
 import pytest
 
@@ -79,7 +78,8 @@ def test_a_built_store_is_raced_by_rest(embedded, tmp_path):
     """The corpus is the model's own answer, so REST must retrieve from it: drafts sourced "datastore" get accepted,
     and the output stays identical to AR."""
     from specdemo.app.request import race_request
-    from specdemo.app.session import MODELS, run_race
+    from specdemo.app.models import MODELS
+    from specdemo.app.racing import run_race
 
     MODELS.put("embedded", embedded)
     prompt = "Name three uses of copper."
@@ -90,36 +90,33 @@ def test_a_built_store_is_raced_by_rest(embedded, tmp_path):
     again, _, _ = build_user_store(embedded, [corpus], root=tmp_path / "stores")
     assert again == out  # the same corpus is built once
     rec = list(run_race(race_request(prompt, "rest", max_new_tokens=40, options={"datastore": str(out)})))[-1]
-    assert rec.status == "done" and rec.summary.identical
-    assert any(src == "datastore" for ev in rec.runs["spec"].events for src, fd in zip(ev.sources, ev.from_draft)
+    assert rec.status == "done" and rec.summaries["rest"].identical
+    assert any(src == "datastore" for ev in rec.runs["rest"].events for src, fd in zip(ev.sources, ev.from_draft)
                if fd)
 
 
 def test_the_page_builds_a_store_and_its_rest_races_use_it(embedded, tmp_path, monkeypatch):
-    import specdemo.app.page as page
-    from specdemo.app.page import (
-        RACE_OUTPUTS,
-        on_build_store,
-        on_generate,
-        on_reset_store,
-    )
+    import specdemo.app.page.handlers as page
+    from specdemo.app.page.handlers import RACE_OUTPUTS, on_build_store, on_race, on_reset_store
     from specdemo.drafters import all_knobs
 
     monkeypatch.setattr(user_store, "cache_root", lambda: tmp_path)
     monkeypatch.setattr(page, "TEXT_EVERY", 3600.0)
-    me = SimpleNamespace(session_hash="byo", client=None)
-    junk = on_build_store("embedded", [str(_write(tmp_path / "x.bin", b"\0\0"))], "", request=me,
-                          progress=lambda *a, **k: None)
+    junk, state = on_build_store("embedded", [str(_write(tmp_path / "x.bin", b"\0\0"))], "",
+                                 progress=lambda *a, **k: None)
     assert "No text to build a datastore from" in junk and "sd-msg-error" in junk
     text = _write(tmp_path / "t.md", b"Copper conducts electricity and heat; it is used in wires and pipes.\n" * 20)
-    ok = on_build_store("embedded", [str(text)], "", request=me, progress=lambda *a, **k: None)
+    ok, state = on_build_store("embedded", [str(text)], "", progress=lambda *a, **k: None)
     assert "Built a datastore of" in ok and "REST races on this model now retrieve from it" in ok
     knobs = tuple(k.value for k in all_knobs())
-    final = dict(zip(RACE_OUTPUTS, list(on_generate("embedded", "rest", "Copper is", 8, 0.0, 1.0, 0, 0, *knobs,
-                                                    request=me))[-1]))
-    store = final["record_state"].request.options["datastore"]
-    assert store.startswith(str(tmp_path / "user-stores")) and final["record_state"].summary.identical
-    assert "default datastore again" in on_reset_store(request=me)
-    final = dict(zip(RACE_OUTPUTS, list(on_generate("embedded", "rest", "Copper is", 8, 0.0, 1.0, 0, 0, *knobs,
-                                                    request=me))[-1]))
-    assert "datastore" not in final["record_state"].request.options
+
+    def race(store):  # the session's datastore travels in the page's state
+        outs = list(on_race(None, "rest", "embedded", "Copper is", 8, 0.0, 1.0, 0, 0, store, *knobs))
+        return dict(zip(RACE_OUTPUTS, outs[-1]))["record_state"]
+
+    rec = race(state)
+    assert rec.request.options["rest"]["datastore"].startswith(str(tmp_path / "user-stores"))
+    assert rec.summaries["rest"].identical
+    message, state = on_reset_store()
+    assert "default datastore again" in message and state is None
+    assert "datastore" not in race(state).request.options["rest"]

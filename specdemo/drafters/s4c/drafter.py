@@ -190,37 +190,30 @@ class S4CDrafter(Drafter):
     def _grow_s4c(self, state: DecodeState, n: int) -> tuple[list[_Node], set[int]]:
         """The paper's tree: two vertical top-1 chains from head 1's top 2, each chain node also bearing its head's
         top-k alternatives.  Returns the nodes and the chain nodes (kept first)."""
-        nodes = self._depth1(state, n, max(self.topk, 2))
-        vertical = {0, 1}
-        frontier = [] if self._skip_deeper(nodes) else [0, 1]
+        return self._grow_chains(state, n, width=2, alternatives=True)
+
+    def _grow_chain(self, state: DecodeState, n: int) -> tuple[list[_Node], set[int]]:
+        """One top-1 chain: each head extends it by its best token."""
+        return self._grow_chains(state, n, width=1, alternatives=False)
+
+    def _grow_chains(self, state: DecodeState, n: int, width: int, alternatives: bool) -> tuple[list[_Node], set[int]]:
+        """`width` vertical top-1 chains from head 1's best tokens; with `alternatives`, every chain node also bears
+        its head's top-k other tokens (which are not extended)."""
+        nodes = self._depth1(state, n, max(self.topk, width) if alternatives else width)
+        vertical = set(range(width))
+        frontier = [] if self._skip_deeper(nodes) else list(range(width))
         for depth in self._deeper_depths(state, n):
             if not frontier:
                 break
             ranked = self._children(state, n, nodes, frontier, depth)
             next_frontier = []
             for i, (toks, lps) in zip(frontier, ranked):
-                for rank, (tok, lp) in enumerate(zip(toks, lps)):
+                kept = zip(toks, lps) if alternatives else [(toks[0], lps[0])]
+                for rank, (tok, lp) in enumerate(kept):
                     nodes.append(_Node(tok, i, depth, nodes[i].logp + lp))
                     if rank == 0:
                         next_frontier.append(len(nodes) - 1)
                         vertical.add(len(nodes) - 1)
-            frontier = next_frontier
-        return nodes, vertical
-
-    def _grow_chain(self, state: DecodeState, n: int) -> tuple[list[_Node], set[int]]:
-        """One top-1 chain: each head extends it by its best token."""
-        nodes = self._depth1(state, n, 1)
-        vertical = {0}
-        frontier = [] if self._skip_deeper(nodes) else [0]
-        for depth in self._deeper_depths(state, n):
-            if not frontier:
-                break
-            ranked = self._children(state, n, nodes, frontier, depth)
-            next_frontier = []
-            for i, (toks, lps) in zip(frontier, ranked):
-                nodes.append(_Node(toks[0], i, depth, nodes[i].logp + lps[0]))
-                next_frontier.append(len(nodes) - 1)
-                vertical.add(len(nodes) - 1)
             frontier = next_frontier
         return nodes, vertical
 
