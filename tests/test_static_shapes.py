@@ -1,0 +1,237 @@
+"""Static-shape verification (specdemo/static_step.py), ON on the CPU: trees padded to buckets, inputs written in place
+into buffers allocated once per bucket, a fixed-length KV cache compacted by index tensors.  It must give exactly the
+tokens of the plain engine and of AR for every drafter, greedy and sampling, and the same accepted nodes wherever it
+verifies the same tree (everywhere, for drafters that do not draft from the target's features)."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from conftest import OracleDrafter
+
+import specdemo.engine as engine
+from specdemo.drafters import make_drafter
+from specdemo.engine import GenerationConfig, check_tree_support, prefilled_cache, run_to_end, trial_forward
+from specdemo.sampling import SamplingConfig
+from specdemo.static_step import STATIC_BUCKETS, StaticSteps, buckets_for, wanted
+from specdemo.target import UnsupportedForTree
+from specdemo.tree import DraftTree, TreeBuffers
+
+GREEDY = SamplingConfig()
+SAMPLING = SamplingConfig(temperature=0.8, top_p=0.9, seed=11)
+
+
+class Recording(StaticSteps):
+    """StaticSteps that note, per forward, the bucket's rows, the real rows and where every buffer lives."""
+
+    made: list["Recording"] = []
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.rows: list[tuple[int, int]] = []  # (real rows, bucket rows) per forward
+        self.where: dict[int, set[tuple[int, ...]]] = {}  # bucket rows -> the data_ptrs its forwards used
+        Recording.made.append(self)
+
+    def forward(self, ids, tree, past):
+        hidden = super().forward(ids, tree, past)
+        step = self._last
+        assert torch.isfinite(hidden).all(), "a dummy row's output must be finite"
+        tensors = (step.ids, step.positions, step.mask, step.slots, step.keep_src, step.keep_dst, step.allow,
+                   self.cache.layers[0]._k, self.cache.layers[-1]._v)
+        self.where.setdefault(step.rows, set()).add(tuple(t.data_ptr() for t in tensors))
+        self.rows.append((tree.n, step.rows))
+        return hidden
+
+
+@pytest.fixture
+def recording(monkeypatch):
+    Recording.made = []
+    monkeypatch.setattr(engine, "StaticSteps", Recording)
+    return Recording.made
+
+
+def same_runs(target, ids, make, cfg, same_trees=True):
+    """AR and a drafter, each plain and with static shapes: one sequence of tokens, and wherever both drafted runs
+    verified the same tree after the same prefix, the same accepted nodes.  Returns the static drafted run's events.
+
+    same_trees: the drafted runs proposed the same trees at every step, so their steps and accept lengths are the
+    same throughout.  Not for drafters that draft from the target's features (S4C's heads, SDSAT's probe logits):
+    those rows differ from the plain engine's by float rounding (the fixed-length attention, see
+    test_padding_is_bit_exact_and_the_fixed_length_only_rounds), which can reorder a draft head's near-tied candidates
+    (S4C scores them in bf16) and so change a later tree; the target's tokens stay the same."""
+    ref, _ = run_to_end(target, ids, None, replace(cfg, static_shapes=False))
+    ar, ar_events = run_to_end(target, ids, None, replace(cfg, static_shapes=True))
+    assert ar == ref and len(ar_events) == len(ref)
+    plain, plain_events = run_to_end(target, ids, make(), replace(cfg, static_shapes=False))
+    static, events = run_to_end(target, ids, make(), replace(cfg, static_shapes=True))
+    assert plain == ref and static == ref
+    plain_at = {e.position: e for e in plain_events}
+    pairs = [(e, plain_at[e.position]) for e in events if e.position in plain_at]
+    same = [(e, p) for e, p in pairs if (e.tree.tokens, e.tree.parents) == (p.tree.tokens, p.tree.parents)]
+    assert same and all(e.accepted_nodes == p.accepted_nodes and e.tokens == p.tokens for e, p in same)
+    if same_trees:
+        assert len(same) == len(events) == len(plain_events)
+    return events
+
+
+# ---------------------------------------------------------------- buckets and buffers
+def test_buckets_cover_every_tree_the_engine_lets_through():
+    assert buckets_for(64) == STATIC_BUCKETS == (0, 4, 8, 16, 32, 64)
+    assert buckets_for(10) == (0, 4, 8, 10) and buckets_for(100) == (0, 4, 8, 16, 32, 64, 100)
+    assert buckets_for(6, (2,)) == (0, 2, 6) and buckets_for(0) == (0,)
+
+
+def test_default_is_on_for_cuda_only_and_the_env_decides_when_set(monkeypatch):
+    monkeypatch.delenv("SPECDEMO_STATIC_SHAPES", raising=False)
+    assert wanted(None, torch.device("cuda")) and not wanted(None, torch.device("cpu"))
+    assert wanted(True, torch.device("cpu")) and not wanted(False, torch.device("cuda"))
+    monkeypatch.setenv("SPECDEMO_STATIC_SHAPES", "1")
+    assert wanted(None, torch.device("cpu"))
+    monkeypatch.setenv("SPECDEMO_STATIC_SHAPES", "0")
+    assert not wanted(None, torch.device("cuda")) and wanted(True, torch.device("cuda"))
+    assert GenerationConfig().static_shapes is None
+
+
+def test_buffers_allocated_once_per_bucket_and_dummies_padded(tiny_llama, recording):
+    torch.manual_seed(0)
+    prompt = torch.randint(100, 5000, (12,)).tolist()
+    cfg = GenerationConfig(max_new_tokens=40)
+    ref, _ = run_to_end(tiny_llama, prompt, None, cfg)
+    events = same_runs(tiny_llama, prompt, lambda: OracleDrafter(ref, tiny_llama.vocab_size, 0, probes=True), cfg)
+    ar, steps = recording
+    assert set(ar.where) == {1} and len(ar.where[1]) == 1 and len(ar.rows) == len(ref)  # AR: the 1-row bucket
+    assert len(steps.rows) == len(events)
+    assert all(rows - 1 in steps.buckets and real <= rows for real, rows in steps.rows)
+    assert any(real < rows for real, rows in steps.rows), "some trees were padded"
+    for rows, where in steps.where.items():
+        assert len(where) == 1, f"the {rows}-row bucket's buffers moved between steps"
+    assert max(sum(1 for _, r in steps.rows if r == rows) for rows in steps.where) > 1
+    assert set(steps.inputs) == {rows - 1 for rows in steps.where}  # allocated for the buckets used, only
+
+
+# ---------------------------------------------------------------- the logits of one forward
+def _static_logits(target, ctx, tree, buckets, max_nodes=64, committed_max=None):
+    past = len(ctx) - 1
+    steps = StaticSteps(target, committed_max or len(ctx) + 8, max_nodes, buckets)
+    target.decoder(input_ids=torch.tensor([ctx[:-1]]), past_key_values=steps.cache, use_cache=True)
+    buf = TreeBuffers.build(tree, past)
+    with torch.no_grad():
+        hidden = steps.forward([ctx[-1]] + tree.tokens, buf, past)
+        return target.lm_head(hidden[: buf.n]), steps._last.rows
+
+
+@torch.no_grad()
+def test_padding_is_bit_exact_and_the_fixed_length_only_rounds(tiny):
+    """Dummy rows change no real row's logits by a single bit.  Against the plain engine the real rows are
+    argmax-identical but not bitwise: the CPU attention kernel sums over the key length in blocks split by that
+    length, and the static cache's length is its capacity (the extra keys at weight exactly 0), not past + n.  With
+    a cache exactly as long as the plain engine's keys the two are the same bits: that length is the only cause."""
+    torch.manual_seed(1)
+    ctx = torch.randint(100, 5000, (20,)).tolist()
+    tree = DraftTree(tokens=[11, 22, 33, 44, 55], parents=[-1, -1, 1, 2, 1])
+    exact, rows = _static_logits(tiny, ctx, tree, (5,))
+    assert rows == 6
+    for buckets, padded_rows in (((8,), 9), ((16,), 17), ((), 65)):
+        got, rows = _static_logits(tiny, ctx, tree, buckets)
+        assert rows == padded_rows and torch.equal(got, exact)
+    plain, _ = trial_forward(tiny, prefilled_cache(tiny, ctx[:-1], 8), ctx[-1], tree)
+    assert torch.equal(plain.argmax(-1), exact.argmax(-1))
+    assert (plain - exact).abs().max() <= 1e-4 * plain.abs().max()
+    # capacity = committed_max + the largest bucket (5) + 2 = past + 6 = the plain engine's key length
+    same_length, rows = _static_logits(tiny, ctx, tree, (), max_nodes=5, committed_max=len(ctx) - 2)
+    assert rows == 6
+    assert torch.equal(same_length, plain)
+
+
+@torch.no_grad()
+def test_compaction_keeps_only_the_accepted_path(tiny):
+    """After a padded step and an index-tensor compaction, the cache holds context + accepted path: the next
+    step's logits equal a fresh forward over the committed tokens (no dummy or rejected entry survives)."""
+    torch.manual_seed(1)
+    ctx = torch.randint(100, 5000, (9,)).tolist()
+    tree = DraftTree(tokens=[11, 22, 33, 44, 55], parents=[-1, -1, 1, 2, 1])  # accept 22 -> 33 -> 44 (not first)
+    steps = StaticSteps(tiny, 20, 8, (8,))
+    tiny.decoder(input_ids=torch.tensor([ctx[:-1]]), past_key_values=steps.cache, use_cache=True)
+    past = len(ctx) - 1
+    steps.forward(ctx[-1:] + tree.tokens, TreeBuffers.build(tree, past), past)
+    steps.keep(past + 1, [past + 2, past + 3, past + 4])
+    committed = ctx + [22, 33, 44]
+    assert steps.cache.get_seq_length() == len(committed)
+    nxt = DraftTree.empty()
+    h = steps.forward([777], TreeBuffers.build(nxt, len(committed)), len(committed))
+    got = tiny.lm_head(h[:1])[0]
+    want = tiny.model(input_ids=torch.tensor([committed + [777]])).logits[0, -1]
+    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
+    assert steps._last.rows == 1
+
+
+# ---------------------------------------------------------------- the self-check
+def test_self_check_holds_with_padded_masks_and_catches_a_model_that_ignores_them(tiny_llama, monkeypatch):
+    tiny_llama.tree_ok = tiny_llama.static_ok = None
+    check_tree_support(tiny_llama, static=True)
+    assert tiny_llama.tree_ok and tiny_llama.static_ok
+    real = tiny_llama.model.get_decoder()
+
+    class IgnoresMask(torch.nn.Module):
+        def forward(self, attention_mask=None, **kw):
+            return real(**kw)
+
+    monkeypatch.setattr(tiny_llama.model, "get_decoder", lambda: IgnoresMask())
+    try:
+        tiny_llama.tree_ok = tiny_llama.static_ok = None
+        with pytest.raises(UnsupportedForTree, match="padded static-shape mask|custom 4D attention mask"):
+            check_tree_support(tiny_llama, static=True)
+        with pytest.raises(UnsupportedForTree):
+            run_to_end(tiny_llama, [5, 6, 7], None, GenerationConfig(max_new_tokens=3, static_shapes=True))
+        # asked for by default (the env stands in for CUDA): AR falls back to the plain path, which needs no mask
+        monkeypatch.setenv("SPECDEMO_STATIC_SHAPES", "1")
+        out, _ = run_to_end(tiny_llama, [5, 6, 7], None, GenerationConfig(max_new_tokens=3))
+        assert len(out) == 3
+    finally:
+        monkeypatch.undo()
+        tiny_llama.tree_ok = tiny_llama.static_ok = None
+
+
+# ---------------------------------------------------------------- losslessness, tiny models
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLING], ids=["greedy", "sampling"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_oracle_trees_tiny_models(tiny, sampling, seed):
+    torch.manual_seed(seed)
+    prompt = torch.randint(100, 5000, (12,)).tolist()
+    cfg = GenerationConfig(max_new_tokens=40, sampling=sampling)
+    ref, _ = run_to_end(tiny, prompt, None, cfg)
+    events = same_runs(tiny, prompt, lambda: OracleDrafter(ref, tiny.vocab_size, seed, probes=True), cfg)
+    assert len(events) < len(ref) and any(e.tree_size not in STATIC_BUCKETS for e in events)
+    assert not any(e.tree.is_probe(i) for e in events for i in e.accepted_nodes)
+
+
+def test_small_buckets_one_token_prompt_and_stops(tiny_llama):
+    """Custom buckets under a low node ceiling, a prompt with nothing to prefill, and the length limit reached with a
+    full tree: the fixed capacity holds every slot a step touches."""
+    prompt = [321]
+    cfg = GenerationConfig(max_new_tokens=24, max_tree_nodes=6, static_buckets=(2,))
+    ref, _ = run_to_end(tiny_llama, prompt, None, cfg)
+    events = same_runs(tiny_llama, prompt, lambda: OracleDrafter(ref, tiny_llama.vocab_size, 3), cfg)
+    assert max(e.tree_size for e in events) <= 6 and events[-1].finish_reason == "length"
+
+
+def test_prompt_lookup_tiny_models(tiny):
+    prompt = ([321, 654, 987, 111] * 5) + [321, 654]
+    for sampling in (GREEDY, SAMPLING):
+        cfg = GenerationConfig(max_new_tokens=32, sampling=sampling)
+        same_runs(tiny, prompt, lambda: make_drafter("pld", tiny), cfg)
+
+
+# ---------------------------------------------------------------- losslessness, every drafter on the embedded model
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["pld", "rest", "s4c", "sdsat"])
+def test_every_drafter_embedded(embedded, method):
+    ids = embedded.encode_prompt("Write a Python function that returns the n-th Fibonacci number, with a docstring.")
+    accepted = 0
+    for sampling in (GREEDY, SAMPLING):
+        cfg = GenerationConfig(max_new_tokens=40, sampling=sampling)
+        events = same_runs(embedded, ids, lambda: make_drafter(method, embedded), cfg,
+                           same_trees=method in ("pld", "rest"))
+        accepted += sum(e.accepted for e in events)
+    assert accepted > 0, f"{method} drafted nothing that was accepted: the comparison proved little"
