@@ -196,7 +196,9 @@ def register(sub) -> None:
     p.add_argument("--model", default="embedded", help="'embedded', a hub id or a local path")
     p.add_argument("--methods", default="ar,pld", help=f"comma list of {','.join(METHODS + HF_METHODS)}; "
                    "METHOD:LABEL runs a labelled variant (options via --option METHOD:LABEL.NAME=VALUE)")
-    p.add_argument("--prompts", default="humaneval", help="humaneval | chat | spec_bench | PATH.jsonl")
+    p.add_argument("--prompts", default="humaneval",
+                   help="humaneval | chat | spec_bench | spec_bench:tune | spec_bench:check | PATH.jsonl "
+                        "(tune: the half to measure while choosing defaults; check: the half for published tables)")
     p.add_argument("--limit", type=int, default=None,
                    help="the first N prompts (default 10); not combined with --per-group, which picks its own")
     p.add_argument("--per-group", type=int, default=0,

@@ -148,3 +148,24 @@ def test_select_prompts_limit_and_per_group():
     assert len(bench.select_prompts(prompts, "spec_bench", None, 2)) == 12
     with pytest.raises(ValueError, match="--limit must be positive"):
         bench.select_prompts(prompts, "spec_bench", 0, 0)
+
+
+def test_spec_bench_splits_once_into_tune_and_check_halves():
+    """Choices are measured on one half and tables published from the other: the halves are disjoint, cover the
+    set, hold every group (enough for the bench's --per-group 12) and depend on the prompt id alone."""
+    from collections import Counter
+
+    from specdemo.bench import select_prompts
+    from specdemo.prompts import load_prompts, split_of
+
+    every = load_prompts("spec_bench")
+    tune, check = load_prompts("spec_bench:tune"), load_prompts("spec_bench:check")
+    ids = lambda ps: [p["id"] for p in ps]  # noqa: E731
+    assert not set(ids(tune)) & set(ids(check)) and sorted(ids(tune) + ids(check)) == sorted(ids(every))
+    groups = {p["group"] for p in every}
+    for half in (tune, check):
+        counts = Counter(p["group"] for p in half)
+        assert set(counts) == groups and min(counts.values()) >= 12
+        assert len(select_prompts(half, "spec_bench:tune", None, 12)) == 12 * len(groups)
+    assert all(split_of(p["id"]) == "tune" for p in tune) and split_of("x") == split_of("x")
+    assert 0.4 < len(tune) / len(every) < 0.6
