@@ -28,7 +28,7 @@ from typing import Callable
 
 import torch
 
-from specdemo.bench import parse_options
+from specdemo.bench import parse_options, read_cost_curves
 from specdemo.budget import CURVE_SIZES, cost_at, measure_cost_curves, pin_cost_curves, relative_cost, verify_cost_curve
 from specdemo.drafters import METHODS, make_drafter
 from specdemo.engine import GenerationConfig, StepEvent, run_to_end
@@ -122,7 +122,8 @@ def register(sub) -> None:
     p.add_argument("--methods", default="pld,rest,s4c,sdsat",
                    help=f"comma list of {','.join(METHODS)}; METHOD:LABEL runs a labelled variant "
                         "(options via --option METHOD:LABEL.NAME=VALUE)")
-    p.add_argument("--prompts", default="humaneval", help="humaneval | chat | spec_bench | PATH.jsonl")
+    p.add_argument("--prompts", default="humaneval",
+                   help="humaneval | chat | spec_bench | spec_bench:tune | spec_bench:check | PATH.jsonl")
     p.add_argument("--limit", type=int, default=10, help="the first N prompts")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
@@ -148,12 +149,7 @@ def _cli(args) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     options = parse_options(args.option)
     prompts = load_prompts(args.prompts)[: args.limit]
-    saved = None
-    if args.cost_curves:
-        with open(args.cost_curves) as f:
-            saved = json.load(f).get("cost_curves")
-        if not saved:
-            raise ValueError(f"{args.cost_curves} holds no cost_curves (it is not a bench JSON of this version)")
+    saved = read_cost_curves(args.cost_curves) if args.cost_curves else None
     sampling = SamplingConfig(args.temperature, args.top_p, args.top_k, args.seed)
     sampling.validate()
     target = load_target(args.model, args.device, args.dtype)

@@ -220,6 +220,15 @@ def register(sub) -> None:
     p.set_defaults(func=_cli)
 
 
+def read_cost_curves(path: str) -> dict:
+    """The verify cost curves saved in a bench JSON (`--cost-curves`): sizing trees by them replays that run."""
+    with open(path) as f:
+        curves = json.load(f).get("cost_curves")
+    if not curves:
+        raise ValueError(f"{path} holds no cost_curves (it is not a bench JSON of this version)")
+    return curves
+
+
 def select_prompts(prompts: list[dict], name: str, limit: int | None, per_group: int) -> list[dict]:
     """The CLI's choice of prompts: `per_group` from each group (stratified) when it is > 0, else the first `limit`
     (10 when None).  Checked before the model loads, so a wrong flag fails in a second, not after a download."""
@@ -245,12 +254,7 @@ def _cli(args) -> int:
     prompts = select_prompts(load_prompts(args.prompts), args.prompts, args.limit, args.per_group)
     if args.max_new_tokens <= 0:
         raise ValueError("--max-new-tokens must be positive")
-    saved_curves = None
-    if args.cost_curves:
-        with open(args.cost_curves) as f:
-            saved_curves = json.load(f).get("cost_curves")
-        if not saved_curves:
-            raise ValueError(f"{args.cost_curves} holds no cost_curves (it is not a bench JSON of this version)")
+    saved_curves = read_cost_curves(args.cost_curves) if args.cost_curves else None
     target = load_target(args.model, args.device, args.dtype)
     if saved_curves:
         pin_cost_curves(target, saved_curves)

@@ -15,10 +15,14 @@ def _esc(text: str) -> str:
     return html.escape(text, quote=True)
 
 
-def _source_attrs(rec: RaceRecord, lane: str, source: str | None) -> str:
+def _source_colours(rec: RaceRecord, lane: str) -> dict[str, tuple[str, str]]:
+    """Source name -> (light, dark) colours of the lane's declared sources and of the target's own tokens."""
+    return {name: (light, dark) for name, _, light, dark in (OWN_STYLE, *rec.styles[lane].sources)}
+
+
+def _source_attrs(styles: dict[str, tuple[str, str]], source: str | None) -> str:
     """data-src and the source's colours as CSS variables, which the page's "colour by source" switch shows; a source
     the lane's drafter did not declare shows as a plain accepted draft."""
-    styles = {name: (light, dark) for name, _, light, dark in (OWN_STYLE, *rec.styles[lane].sources)}
     name = source or "draft"
     if name not in styles:
         return ' data-src="draft"'
@@ -29,7 +33,7 @@ def _source_attrs(rec: RaceRecord, lane: str, source: str | None) -> str:
 def spans_html(rec: RaceRecord, key: str) -> str:
     """The run's text as escaped spans: accepted drafts shaded by step parity, the target's own tokens plain; every
     span also names its source (data-src), which the page's "colour by source" switch shows instead."""
-    run = rec.runs[key]
+    run, styles = rec.runs[key], _source_colours(rec, key)
     out = []
     for p in groups_of(rec.pieces[key]):
         if not p.text:
@@ -42,11 +46,11 @@ def spans_html(rec: RaceRecord, key: str) -> str:
             tip = (f"step {p.step + 1} · accepted {ev.accepted} of {ev.tree_size} drafted · "
                    f"source: {p.source or 'draft'}")
             out.append(f'<span class="sd-acc sd-s{p.step % 2}" data-step="{p.step + 1}"'
-                       f'{_source_attrs(rec, key, p.source)} title="{_esc(tip)}">{text}</span>')
+                       f'{_source_attrs(styles, p.source)} title="{_esc(tip)}">{text}</span>')
         else:
             tip = (f"step {p.step + 1} · the target's own token · accepted {ev.accepted} of {ev.tree_size} drafted"
                    if ev.tree_size else f"step {p.step + 1} · the target's own token · nothing was drafted")
-            out.append(f'<span class="sd-own" data-step="{p.step + 1}"{_source_attrs(rec, key, "own")} '
+            out.append(f'<span class="sd-own" data-step="{p.step + 1}"{_source_attrs(styles, "own")} '
                        f'title="{_esc(tip)}">{text}</span>')
     return "".join(out)
 
@@ -297,11 +301,11 @@ def explain_step(rec: RaceRecord, k: int, lane: str) -> str:
 
 def step_text_html(rec: RaceRecord, k: int, lane: str) -> str:
     """The lane's text up to step k, step k's tokens outlined."""
-    out = []
+    styles, out = _source_colours(rec, lane), []
     for p in groups_of([p for p in rec.pieces[lane] if p.step <= k]):
         if p.text:
             cls = (f"sd-acc sd-s{p.step % 2}" if p.from_draft else "sd-own") + (" sd-now" if p.step == k else "")
-            attrs = _source_attrs(rec, lane, p.source if p.from_draft else "own")
+            attrs = _source_attrs(styles, p.source if p.from_draft else "own")
             out.append(f'<span class="{cls}"{attrs}>{_esc(p.text)}</span>')
     return f'<div class="sd-scroll sd-scroll-small"><div class="sd-text">{"".join(out)}</div></div>'
 

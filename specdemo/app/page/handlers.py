@@ -114,7 +114,7 @@ def _stream(req, request: gr.Request | None):
             if final and rec.status == "error":
                 gr.Warning(rec.message)
             token = DRAWN.expect() if wait_for_page and not final else None
-            out = _race_outputs(rec, first, final, plot_now, summary_html(rec, token, acked))
+            out = _race_outputs(rec, lane, first, final, plot_now, summary_html(rec, token, acked))
             yield tuple(out[k] for k in RACE_OUTPUTS)
             first = False
             if token is not None:
@@ -126,10 +126,10 @@ def _stream(req, request: gr.Request | None):
         _STOPS.pop(_session(request), None)
 
 
-def _race_outputs(rec: RaceRecord, first: bool, final: bool, plot_now: bool, summary: str) -> dict:
-    """One update of the page's race outputs (gr.skip() for what this update leaves alone)."""
+def _race_outputs(rec: RaceRecord, lane: str | None, first: bool, final: bool, plot_now: bool, summary: str) -> dict:
+    """One update of the page's race outputs (gr.skip() for what this update leaves alone); `lane` is the method lane
+    the per-lane views show."""
     skip, every = gr.skip(), rec.request.race_all
-    lane = rec.chosen_lane()
     out = dict(
         ar_pane=skip if every else pane_html(rec, "ar"),
         spec_pane=skip if every else pane_html(rec, rec.request.methods[0] if rec.request.methods else ""),
