@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.specdemo-deps
 PYTHON ?= python3
 
-.PHONY: setup run test bench browser clean-cache
+.PHONY: setup run test bench browser peers clean-cache
 
 setup: $(STAMP)
 
@@ -33,6 +33,15 @@ test: setup browser
 
 bench: setup
 	$(PY) -m specdemo bench --methods ar,pld,hf,hf-pld --prompts humaneval --limit 10 --max-new-tokens 128
+
+# The llama.cpp peer rows of the bench (`--methods llamacpp,llamacpp-pld`): llama-cpp-python compiles llama.cpp
+# (~5-10 min on 2 cores); optional, not part of `make test`.  AVX-512 kernels, AMX off: a native build with AMX
+# tiles crashed in its first decode on the dev machine (Xeon with AMX, 0.3.36).
+PEER_CMAKE ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON \
+              -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+peers: setup
+	CMAKE_ARGS="$(PEER_CMAKE)" $(PY) -m pip install --quiet --force-reinstall --no-deps --no-cache-dir \
+		"llama-cpp-python==0.3.36" diskcache jinja2
 
 clean-cache:
 	rm -rf $${SPECDEMO_CACHE:-$$HOME/.cache/specdemo}

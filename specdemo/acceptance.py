@@ -34,7 +34,7 @@ from specdemo.drafters import METHODS, make_drafter
 from specdemo.engine import GenerationConfig, StepEvent, run_to_end
 from specdemo.prompts import load_prompts
 from specdemo.sampling import SamplingConfig
-from specdemo.target import Target, load_target
+from specdemo.target import Target, add_precision_args, load_target
 from specdemo.tree import DepthTally
 
 DEPTHS = 8  # draft depths reported
@@ -136,6 +136,7 @@ def register(sub) -> None:
                    help="size trees by the cost curves saved in a bench JSON instead of measuring them here")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None, help="auto (default) | float32 | bfloat16 | float16")
+    add_precision_args(p)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--json", default=None, help="write the result JSON here")
     p.set_defaults(func=_cli)
@@ -152,7 +153,7 @@ def _cli(args) -> int:
     saved = read_cost_curves(args.cost_curves) if args.cost_curves else None
     sampling = SamplingConfig(args.temperature, args.top_p, args.top_k, args.seed)
     sampling.validate()
-    target = load_target(args.model, args.device, args.dtype)
+    target = load_target(args.model, args.device, args.dtype, args.precision, args.compile)
     if saved:
         pin_cost_curves(target, saved)
 

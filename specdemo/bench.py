@@ -21,10 +21,11 @@ import torch
 from specdemo.budget import cost_curves, measure_cost_curves, pin_cost_curves
 from specdemo.drafters import METHODS, make_drafter
 from specdemo.engine import GenerationConfig, generate
+from specdemo.peers import PEER_METHODS, run_peer
 from specdemo.metrics import acceptance_by_depth, figures, runs_tokens_per_s
 from specdemo.prompts import has_groups, load_prompts, stratified
 from specdemo.sampling import SamplingConfig
-from specdemo.target import Target, load_target
+from specdemo.target import Target, add_precision_args, load_target
 
 HF_METHODS = ("hf", "hf-pld")
 
@@ -34,6 +35,8 @@ def run_one(target: Target, method: str, prompt_ids: list[int], max_new_tokens: 
     """One method on one prompt: tokens, wall time, accepted lengths, per-step draft/verify times."""
     if method in HF_METHODS:
         return _run_hf(target, method, prompt_ids, max_new_tokens, sampling)
+    if method in PEER_METHODS:
+        return run_peer(target, method, prompt_ids, max_new_tokens, sampling)
     drafter = make_drafter(method.split(":")[0], target, **(options or {}))  # "s4c:chain" = a labelled variant
     cfg = GenerationConfig(max_new_tokens=max_new_tokens, sampling=sampling)
     tokens, accept, draft, verify = [], [], [], []
@@ -105,6 +108,7 @@ def summarise(target: Target, methods: list[str], runs: dict[str, list[dict]], m
     ar = {r["id"]: r["tokens"] for r in runs["ar"]}
     ar_tps = runs_tokens_per_s(runs["ar"])
     out = {"device": _device_name(target), "model": target.name, "dtype": str(target.dtype).replace("torch.", ""),
+           "precision": target.precision, "compiled": target.compiled,
            "max_new_tokens": max_new_tokens, "sampling": vars(sampling), "prompts": len(runs["ar"]), "methods": {},
            "groups": {}}
     for m in methods:
@@ -138,7 +142,8 @@ def _device_name(target: Target) -> str:
 
 def format_table(result: dict) -> str:
     fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
-    lines = [f"model {result['model']} ({result['dtype']}) on {result['device']}, {result['prompts']} prompts, "
+    weights = result.get("precision", result["dtype"]) + (", compiled" if result.get("compiled") else "")
+    lines = [f"model {result['model']} ({weights}) on {result['device']}, {result['prompts']} prompts, "
              f"max_new_tokens {result['max_new_tokens']}, "
              + ("greedy" if result["sampling"]["temperature"] <= 0 else f"sampling {result['sampling']}"),
              f"{'method':<12} {'tok/s':>8} {'speedup':>8} {'tau':>6} {'identical':>9} {'draft ms':>9} {'verify ms':>9}"]
@@ -194,7 +199,7 @@ def parse_options(items: list[str]) -> dict[str, dict]:
 def register(sub) -> None:
     p = sub.add_parser("bench", help="benchmark methods side by side on a prompt set")
     p.add_argument("--model", default="embedded", help="'embedded', a hub id or a local path")
-    p.add_argument("--methods", default="ar,pld", help=f"comma list of {','.join(METHODS + HF_METHODS)}; "
+    p.add_argument("--methods", default="ar,pld", help=f"comma list of {','.join(METHODS + HF_METHODS + PEER_METHODS)} (llamacpp*: `make peers`); "
                    "METHOD:LABEL runs a labelled variant (options via --option METHOD:LABEL.NAME=VALUE)")
     p.add_argument("--prompts", default="humaneval",
                    help="humaneval | chat | spec_bench | spec_bench:tune | spec_bench:check | PATH.jsonl "
@@ -211,6 +216,7 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None, help="auto (default) | float32 | bfloat16 | float16")
+    add_precision_args(p)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--option", action="append", default=[], help="METHOD.NAME=VALUE drafter option, repeatable")
     p.add_argument("--json", default=None, help="write the result JSON here")
@@ -255,7 +261,7 @@ def _cli(args) -> int:
     if args.max_new_tokens <= 0:
         raise ValueError("--max-new-tokens must be positive")
     saved_curves = read_cost_curves(args.cost_curves) if args.cost_curves else None
-    target = load_target(args.model, args.device, args.dtype)
+    target = load_target(args.model, args.device, args.dtype, args.precision, args.compile)
     if saved_curves:
         pin_cost_curves(target, saved_curves)
     sampling = SamplingConfig(args.temperature, args.top_p, args.top_k, args.seed)

@@ -17,6 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     for module in COMMANDS:
         module.register(sub)
     args = parser.parse_args(argv)
+    args.command_line = "python -m specdemo " + " ".join(sys.argv[1:] if argv is None else argv)  # recorded in outputs
     try:
         return int(args.func(args) or 0)
     except (ValueError, RuntimeError, FileNotFoundError) as exc:

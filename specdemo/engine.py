@@ -25,6 +25,7 @@ from typing import Iterator
 import torch
 
 from specdemo.kvcache import KVCache
+from specdemo.precision import rows_invariant
 from specdemo.sampling import SamplingConfig, choose_tokens
 from specdemo.static_step import STATIC_BUCKETS, StaticSteps, static_trial, wanted
 from specdemo.target import Target, UnsupportedForTree
@@ -365,10 +366,7 @@ def trial_forward(target: Target, cache: KVCache, root: int, tree: DraftTree) ->
 def check_tree_support(target: Target, static: bool = False) -> None:
     """Prove on this model that a tree forward (4D mask + position ids) gives the logits of plain sequential forwards,
     and with `static` that the padded static-shape forward does too (`static_step.static_trial`: a dummy row, stale
-    entries in every free slot of the fixed-length cache).
-
-    Runs once per loaded model (a few ms on small models); raises UnsupportedForTree otherwise.
-    """
+    entries in every free slot of the fixed-length cache).  Once per loaded model; raises UnsupportedForTree."""
     if target.tree_ok and (target.static_ok or not static):
         return
     g = torch.Generator().manual_seed(0)
@@ -389,7 +387,10 @@ def check_tree_support(target: Target, static: bool = False) -> None:
         raise UnsupportedForTree(f"Model '{target.name}' is unsupported for tree verification: its forward rejected a "
                                  f"custom 4D attention mask with explicit position ids ({type(exc).__name__}: "
                                  f"{str(exc)[:200]}). Use plain AR decoding.") from exc
-    tol = 1e-3 if target.dtype == torch.float32 else 3e-2
+    tol = 1e-3 if target.dtype == torch.float32 and target.precision == "fp32" else 3e-2  # bf16 linear inputs: 2^-8
+    if target.precision != "fp32" and not rows_invariant(target.model):
+        raise UnsupportedForTree(f"Model '{target.name}' at {target.precision}: a linear layer's row differs alone and "
+                                 "among rows, so a tree would change the output. Use precision fp32.")
     for what, err in errs.items():
         if err > tol:
             raise UnsupportedForTree(f"Model '{target.name}' is unsupported for tree verification: with {what} its "

@@ -7,6 +7,7 @@ only needs the custom 4D attention mask + explicit position ids that Llama/Qwen2
 """
 from __future__ import annotations
 
+import argparse
 import hashlib
 import importlib.util
 import json
@@ -19,7 +20,10 @@ from pathlib import Path
 import torch
 
 from specdemo.cpu_attention import use_grouped_kv_attention
+from specdemo.compiled import compile_decoder
+from specdemo.compiled import wanted as wanted_compiled
 from specdemo.cpu_linear import use_packed_linears
+from specdemo.precision import NEAR_TIES, apply_precision, check_precision
 
 EMBEDDED = "embedded"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -57,6 +61,11 @@ class Target:
     # and a one-token forward round differently, so near-ties can flip (the one GPU run in bf16: identical outputs on
     # only 17-50% of prompts).  Shown by describe(), so the page's header says it.
     precision_note: str = ""
+    # The CPU precision of the linear layers (precision.py): "fp32", "bf16" or "int4"; drafted output stays plain
+    # decoding's at that precision.  weights_note says what the weights then are (shown in the header).
+    precision: str = "fp32"
+    weights_note: str = ""
+    compiled: bool = False  # the decoder forward runs through torch.compile (compiled.py)
 
     @property
     def exact(self) -> bool:
@@ -74,14 +83,20 @@ class Target:
 
     @property
     def n_params(self) -> int:
-        return sum(p.numel() for p in self.model.parameters())
+        """Parameters of the model as loaded (an int4 layer's weights count, though they are buffers)."""
+        from specdemo.precision import Int4Linear
+
+        int4 = sum(m.in_features * m.out_features for m in self.model.modules() if isinstance(m, Int4Linear))
+        return sum(p.numel() for p in self.model.parameters()) + int4
 
     @property
     def vocab_size(self) -> int:
         return max(len(self.tokenizer), self.model.config.vocab_size)
 
     def describe(self) -> str:
-        text = f"{self.name} · {self.device.type} · {str(self.dtype).replace('torch.', '')} · {self.n_params / 1e6:.0f}M params"
+        kind = self.weights_note or str(self.dtype).replace("torch.", "")
+        text = f"{self.name} · {self.device.type} · {kind}{' · compiled' if self.compiled else ''} · " \
+               f"{self.n_params / 1e6:.0f}M params"
         return f"{text} · {self.precision_note}" if self.precision_note else text
 
     def sync(self) -> None:
@@ -201,10 +216,17 @@ def precision_note(dtype: torch.dtype, asked: str | None) -> str:
     return f"{str(dtype).replace('torch.', '')} ({why}): output may differ from plain decoding at near-ties"
 
 
-def load_target(name: str = EMBEDDED, device: str | None = None, dtype: str | None = None) -> Target:
-    """Load a target model by name: "embedded", a hub id or a local path. Raises ModelLoadError with a clear message."""
+def load_target(name: str = EMBEDDED, device: str | None = None, dtype: str | None = None,
+                precision: str = "fp32", compile: bool | None = None) -> Target:
+    """Load a target model by name: "embedded", a hub id or a local path, its CPU linears at `precision`
+    (precision.py; a GPU takes fp32 only), its decoder compiled when `compile` (compiled.py; None: SPECDEMO_COMPILE).
+    Raises ModelLoadError with a clear message."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    try:
+        precision = check_precision(precision)
+    except ValueError as exc:
+        raise ModelLoadError(str(exc)) from None
     name = (name or EMBEDDED).strip()
     if not name:
         raise ModelLoadError("No model given: use 'embedded', a Hugging Face hub id or a local path.")
@@ -238,9 +260,7 @@ def load_target(name: str = EMBEDDED, device: str | None = None, dtype: str | No
         model.to(dev)
     model.eval()
     model.requires_grad_(False)
-    packed = use_packed_linears(model) if dev.type == "cpu" else 0
-    if dev.type == "cpu":
-        use_grouped_kv_attention(model)
+    packed, weights_note, compiled = _cpu_setup(model, dev, name if label == EMBEDDED else "", precision, compile)
     eos = set()
     for src in (model.generation_config.eos_token_id, tok.eos_token_id):
         if src is None:
@@ -250,7 +270,31 @@ def load_target(name: str = EMBEDDED, device: str | None = None, dtype: str | No
     identity = tokenizer_identity(tok)
     first = next(model.parameters())
     return Target(label, model, tok, first.device, first.dtype, eos, max_pos, identity, packed_linears=packed,
-                  precision_note=precision_note(first.dtype, dtype))
+                  precision_note=precision_note(first.dtype, dtype) or (NEAR_TIES if precision != "fp32" else ""),
+                  precision=precision, weights_note=weights_note,
+                  compiled=compiled)
+
+
+def _cpu_setup(model, dev: torch.device, embedded: str, precision: str, compile: bool | None) -> tuple[int, str, bool]:
+    """(packed linears, weights note, compiled) of a loaded model: on a CPU, packed linears, grouped-KV attention,
+    the linears at `precision` (from the GGUF's own blocks when `embedded` names the embedded model) and, if wanted,
+    the compiled decoder.  Other devices take fp32 (or their dtype) as loaded."""
+    if dev.type != "cpu":
+        if precision != "fp32":
+            raise ModelLoadError(f"precision {precision} is a CPU setting; use fp32 on {dev.type}")
+        return 0, "", False
+    packed = use_packed_linears(model)
+    use_grouped_kv_attention(model)
+    if precision != "fp32" and (not packed or next(model.parameters()).dtype != torch.float32):
+        raise ModelLoadError(f"precision {precision} needs an fp32 model on oneDNN's packed linears; use fp32")
+    try:
+        weights_note = apply_precision(model, precision, embedded_gguf_path() if embedded == EMBEDDED else None)
+    except ValueError as exc:
+        raise ModelLoadError(str(exc)) from exc
+    compiled = wanted_compiled(compile)
+    if compiled:
+        compile_decoder(model)
+    return packed, weights_note, compiled
 
 
 def find_spec_missing(mod: str) -> bool:
@@ -277,3 +321,13 @@ def tokenizer_identity(tok) -> str:
     vocab = tok.get_vocab()
     h = hashlib.sha256(json.dumps(sorted(vocab.items()), ensure_ascii=False).encode())
     return f"{type(tok).__name__}-{len(vocab)}-{h.hexdigest()[:12]}"
+
+
+def add_precision_args(parser) -> None:
+    """--precision and --compile, the same in every CLI that loads a target."""
+    from specdemo.precision import PRECISIONS
+
+    parser.add_argument("--precision", default="fp32", choices=PRECISIONS,
+                        help="CPU weights: fp32 (reference), bf16, or int4 (the embedded GGUF's own 4-bit blocks)")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                        help="torch.compile the decoder (minutes once; default: SPECDEMO_COMPILE=1 turns it on)")

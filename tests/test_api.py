@@ -138,7 +138,7 @@ def test_a_full_line_is_refused_with_a_message(client, monkeypatch):
     monkeypatch.setattr(racing, "GATE", gate)
     out = client.predict("Hello", "pld", api_name="/race")
     assert out["status"] == "error" and "The demo is busy" in out["message"] and "at most 0" in out["message"]
-    page = list(on_race(None, "pld", "embedded", "Hello", 8, 0.0, 1.0, 0, 0, None, *(k.value for k in all_knobs())))
+    page = list(on_race(None, "pld", "embedded", "fp32", "Hello", 8, 0.0, 1.0, 0, 0, None, *(k.value for k in all_knobs())))
     assert "The demo is busy" in page[-1][3]
 
 

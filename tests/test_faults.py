@@ -143,7 +143,7 @@ def test_a_request_is_prepared_once_and_its_options_checked_once(monkeypatch):
     assert final["status"] == "done" and len(prepared) == 1 and checked == ["pld"]
     prepared.clear(), checked.clear()
     knobs = tuple(k.value for k in all_knobs())
-    outs = list(on_race(None, "all", "embedded", PROMPT, 8, 0.0, 1.0, 0, 0, None, *knobs))
+    outs = list(on_race(None, "all", "embedded", "fp32", PROMPT, 8, 0.0, 1.0, 0, 0, None, *knobs))
     rec = dict(zip(RACE_OUTPUTS, outs[-1]))["record_state"]
     assert rec.status == "done" and len(prepared) == 1
     assert sorted(checked) == sorted(m for m in racing.modes())  # each method's options, once

@@ -241,9 +241,23 @@ def test_every_knob_is_a_declared_option_in_range():
 KNOBS = tuple(k.value for k in all_knobs())
 
 
-def generate(mode="pld", prompt=SHORT, max_new_tokens=8, seed=0, request=None, user_store=None):
+def generate(mode="pld", prompt=SHORT, max_new_tokens=8, seed=0, request=None, user_store=None, precision="fp32"):
     """The page's Generate (or Race all, with mode "all") as its handler sees it."""
-    return list(on_race(request, mode, "embedded", prompt, max_new_tokens, 0.0, 1.0, 0, seed, user_store, *KNOBS))
+    return list(on_race(request, mode, "embedded", precision, prompt, max_new_tokens, 0.0, 1.0, 0, seed, user_store,
+                        *KNOBS))
+
+
+def test_the_precision_picker_loads_and_races_the_model_at_that_precision(embedded):
+    from specdemo.app.page.handlers import on_load_model
+
+    if not __import__("specdemo.precision", fromlist=["x"]).int4_available():
+        pytest.skip("no int4 CPU kernel on this CPU")
+    header = on_load_model("embedded", "int4", "pld")[0]
+    assert "int4 weights" in header and "near-ties" in header
+    final = generate(precision="int4")[-1]
+    assert final[4].precision == "int4" and final[4].status == "done"
+    bad = generate(precision="int3")
+    assert len(bad) == 1 and "fp32, bf16, int4" in bad[0][3]
 
 
 def test_page_handler_shows_a_bad_input_message():
@@ -315,7 +329,7 @@ def test_the_race_waits_for_a_local_page_to_draw_each_update(embedded, monkeypat
 
     monkeypatch.setattr(handlers, "TEXT_EVERY", 0.0)
     outs = []
-    for out in on_race(_local_request(), "pld", "embedded", SHORT, 8, 0.0, 1.0, 0, 0, None, *KNOBS):
+    for out in on_race(_local_request(), "pld", "embedded", "fp32", SHORT, 8, 0.0, 1.0, 0, 0, None, *KNOBS):
         outs.append(out)
         token = re.search(r'data-update="(\w+)"', out[2])
         assert (token is None) == (out is outs[-1] and "done" in out[2])  # every update but the last asks for one
@@ -366,8 +380,8 @@ def test_bench_tab_formats_run_bench_results(monkeypatch, embedded):
                 "methods": {"ar": row(10.0, 1.0, 1.0), "pld": row(15.0, 1.5, 2.5)}}
 
     monkeypatch.setattr(handlers, "run_bench", fake_run_bench)
-    table, bars, note, download = handlers.on_bench("embedded", ["pld"], ["Code"], 16, progress=lambda *a, **k: None)
+    table, bars, note, download = handlers.on_bench("embedded", "fp32", ["pld"], ["Code"], 16, progress=lambda *a, **k: None)
     assert list(table["method"]) == ["Autoregressive", "Prompt lookup"] and list(table["identical"]) == ["100%", "100%"]
     assert "1.50×" in bars and "Speedup" in bars and "1 prompts" in note
-    table, bars, note, download = handlers.on_bench("embedded", [], ["Code"], 16, progress=lambda *a, **k: None)
+    table, bars, note, download = handlers.on_bench("embedded", "fp32", [], ["Code"], 16, progress=lambda *a, **k: None)
     assert "at least one method" in note and len(table) == 0

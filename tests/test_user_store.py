@@ -111,7 +111,7 @@ def test_the_page_builds_a_store_and_its_rest_races_use_it(embedded, tmp_path, m
     knobs = tuple(k.value for k in all_knobs())
 
     def race(store):  # the session's datastore travels in the page's state
-        outs = list(on_race(None, "rest", "embedded", "Copper is", 8, 0.0, 1.0, 0, 0, store, *knobs))
+        outs = list(on_race(None, "rest", "embedded", "fp32", "Copper is", 8, 0.0, 1.0, 0, 0, store, *knobs))
         return dict(zip(RACE_OUTPUTS, outs[-1]))["record_state"]
 
     rec = race(state)

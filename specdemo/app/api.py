@@ -20,6 +20,7 @@ def race_api(prompt: str, method: str = DEFAULT_METHOD, model: str = EMBEDDED, m
              temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
              options: dict | None = None) -> dict:
     """Race plain decoding against `method` on `prompt`; streams a dict after every step, the last one final.
+    `model`: "embedded", a hub id or a local folder, at a CPU precision with "@bf16" or "@int4" ("embedded@int4").
 
     Keys: `status` (queued | starting | running | done | stopped | error), `message`, `model`, `method`,
     `queue_wait_s` (seconds spent waiting for the requests ahead), `ar` and `spec` (`text`, `new_tokens`, `wall_time`

@@ -13,13 +13,15 @@ import torch
 from specdemo.app.clocks import model_thread
 from specdemo.app.public import check_model
 from specdemo.budget import measure_cost_curves
+from specdemo.precision import SEP, split_spec
 from specdemo.drafters import LABELS, REGISTRY, note, unavailable_reason
 from specdemo.target import EMBEDDED, ModelLoadError, Target, UnsupportedForTree, load_target
 
 
 def model_name(name: str | None) -> str:
-    """A model field as the cache keys it: stripped, empty meaning the embedded model."""
-    return (name or EMBEDDED).strip() or EMBEDDED
+    """A model field as the cache keys it: stripped, empty meaning the embedded model, "@fp32" dropped."""
+    base, precision = split_spec(name)
+    return base if precision == "fp32" else f"{base}{SEP}{precision}"
 
 
 class ModelCache:
@@ -71,8 +73,9 @@ class ModelCache:
 def _load(name: str) -> Target:
     """Load `name`; any failure, also one halfway through (a broken download, a full disk, a model without tree
     support), becomes a ModelLoadError that names the model and what went wrong, and nothing is cached."""
+    base, precision = split_spec(name)
     try:
-        return load_target(name)
+        return load_target(base, precision=precision)
     except (ModelLoadError, UnsupportedForTree):
         raise
     except Exception as exc:  # noqa: BLE001 — the page shows the message and keeps serving
@@ -85,7 +88,7 @@ MODELS = ModelCache()
 def load_model(name: str) -> Target:
     """The model `name`, from the cache or loaded; the public mode's rules are checked before anything is fetched."""
     if name not in MODELS:
-        check_model(model_name(name))
+        check_model(split_spec(name)[0])
     return MODELS.get(name)
 
 

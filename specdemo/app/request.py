@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specdemo.app import public
+from specdemo.precision import model_spec
 from specdemo.drafters import DEFAULT_METHOD, REGISTRY, as_number, check_options, number_text
 from specdemo.sampling import SamplingConfig
 from specdemo.target import EMBEDDED
@@ -120,6 +121,10 @@ def checked_request(prompt, methods: tuple[str, ...], model, max_new_tokens, tem
                     options: dict[str, dict], race_all: bool) -> RaceRequest:
     """The one place a request's fields and every method's options are checked (each option once per request)."""
     model = _text("Model", model, MAX_MODEL_CHARS).strip() or EMBEDDED
+    try:
+        model = model_spec(model)  # "name@bf16" / "name@int4": a CPU precision (precision.py)
+    except ValueError as exc:
+        raise UserError(f"Model '{model[:80]}': {exc}.") from None
     checked = {}
     for method in (methods or modes()) if race_all else methods:
         try:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from specdemo.offline import code_prompts, sharegpt
+from specdemo.offline import code_prompts, shards, sharegpt
 from specdemo.offline.build_datastore import load_tokenizer
 from specdemo.offline.corpus import (
     FORMAT,
@@ -45,11 +45,11 @@ from specdemo.offline.sharegpt import Decontaminator
 from specdemo.target import load_target
 
 
-def prompt_specs(source: str, first: int, later: int, heldout: int) -> list[dict]:
+def prompt_specs(source: str, first: int, later: int, heldout: int, every_later: bool = False) -> list[dict]:
     """{"id", "messages"} prompts of a source (see the module doc)."""
     if source == "sharegpt":
         convs = sharegpt.conversations(decontaminate=sharegpt.Decontaminator.for_evaluation_sets())
-        return (sharegpt.distill_prompts(convs, first, later)
+        return (sharegpt.distill_prompts(convs, first, later, every_later=every_later)
                 + sharegpt.distill_prompts(convs, heldout, 0, heldout=True))
     if source == "stdlib":
         return [{"id": p["id"], "messages": [{"role": "user", "content": p["prompt"]}]}
@@ -115,10 +115,13 @@ def write_decontaminated(tokenizer, path: Path, header: dict, records: list[dict
 
 @torch.no_grad()
 def distill(target, specs: list[dict], out: Path, max_new_tokens: int = 256, max_prompt_tokens: int = 1024,
-            batch_size: int = 32, minutes: float = 0.0, progress: bool = True, log=print) -> dict:
+            batch_size: int = 32, minutes: float = 0.0, progress: bool = True, log=print, batch_tokens: int = 0,
+            command: str = "") -> dict:
     """Answer every prompt of `specs` not yet in `out`; returns counts and throughput."""
     header = {"format": FORMAT, "version": VERSION, "model": target.name, "tokenizer": target.identity,
               "max_new_tokens": max_new_tokens, "decoding": "greedy, batched, left-padded, chat template"}
+    if command:
+        header["command"] = command
     old, records = read_corpus(out)
     if old and (old.get("tokenizer") != header["tokenizer"] or old.get("max_new_tokens") != max_new_tokens):
         raise ValueError(f"{out} was made with another tokenizer or --max-new-tokens; move it away to start over")
@@ -131,7 +134,7 @@ def distill(target, specs: list[dict], out: Path, max_new_tokens: int = 256, max
     if not journal.exists() or journal.stat().st_size == 0:
         _append(journal, [header])
     t_start = time.time()
-    n_new = _answer(target, todo, journal, records, max_new_tokens, batch_size, minutes, progress, log)
+    n_new = _answer(target, todo, journal, records, max_new_tokens, batch_size, minutes, progress, log, batch_tokens)
     header["dropped"] = (old or {}).get("dropped", [])
     records = write_decontaminated(target.tokenizer, out, header, records, log)
     elapsed = time.time() - t_start
@@ -161,20 +164,26 @@ def _todo(target, specs: list[dict], done: set[str], max_prompt_tokens: int) -> 
 
 
 def _answer(target, todo: list[tuple[str, list[int]]], journal: Path, records: list[dict], max_new_tokens: int,
-            batch_size: int, minutes: float, progress: bool, log) -> int:
+            batch_size: int, minutes: float, progress: bool, log, batch_tokens: int = 0) -> int:
     """Greedy answers of `todo` in left-padded batches, each batch appended to the journal (and to `records`) as soon
-    as it is done; stops starting batches after `minutes` (0: no limit).  Returns the answer tokens generated."""
+    as it is done; stops starting batches after `minutes` (0: no limit).  Returns the answer tokens generated.
+
+    batch_tokens: at most this many prompt tokens per batch (0: `batch_size` rows whatever their length), so that a
+    batch of 1,000-token prompts costs about what a batch of short ones does."""
     from tqdm import tqdm
 
     tok = target.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else sorted(target.eos_ids)[0]
     t_start, n_new = time.time(), 0
     bar = tqdm(total=len(todo), unit="prompt", disable=not progress, file=sys.stderr)
-    for b in range(0, len(todo), batch_size):
+    b = 0
+    while b < len(todo):
         if minutes and time.time() - t_start > minutes * 60:
             log("distill: time budget reached; stopping (rerun to resume)")
             break
-        batch = todo[b: b + batch_size]
+        # todo is longest first: its next prompt sets the batch's width, and `batch_tokens` caps rows x width
+        size = min(batch_size, max(1, batch_tokens // len(todo[b][1]))) if batch_tokens else batch_size
+        batch, b = todo[b: b + size], b + size
         width = max(len(ids) for _, ids in batch)
         input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for _, ids in batch], device=target.device)
         mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for _, ids in batch], device=target.device)
@@ -203,7 +212,14 @@ def register(sub) -> None:
                    help="sharegpt: first user turns of training conversations; stdlib: functions (0 = all)")
     p.add_argument("--later", type=int, default=2000, help="sharegpt: later turns, with their real history")
     p.add_argument("--heldout", type=int, default=300, help="sharegpt: held-out first turns (for evaluation only)")
-    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--every-later", action="store_true", help="sharegpt: every later turn, not one per conversation")
+    p.add_argument("--out", required=True, type=Path,
+                   help="a .jsonl.gz corpus, or a directory (ending in /) of numbered shards (shards.py)")
+    p.add_argument("--shard-prompts", type=int, default=2000, help="directory --out: prompts per shard")
+    p.add_argument("--shards", type=int, default=0, help="directory --out: answer only the first N shards (0 = all)")
+    p.add_argument("--skip", nargs="*", default=[], help="corpora (globs) whose ids a sharded corpus leaves out")
+    p.add_argument("--batch-tokens", type=int, default=0,
+                   help="at most this many prompt tokens per batch (0 = --batch-size rows whatever their length)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--max-prompt-tokens", type=int, default=1024)
     p.add_argument("--batch-size", type=int, default=32)
@@ -237,7 +253,40 @@ def _cli(args) -> int:
         print(f"wrote {len(records)} functions, {sum(len(r['answer_ids']) for r in records)} answer tokens to "
               f"{args.out}")
         return 0
-    specs = prompt_specs(args.prompts, args.first, args.later, args.heldout)
+    specs = prompt_specs(args.prompts, args.first, args.later, args.heldout, args.every_later)
+    command = args.command_line
+    if _is_directory(args.out):
+        return distill_shards(args, specs, command)
     target = load_target(args.model, args.device, args.dtype)
-    distill(target, specs, args.out, args.max_new_tokens, args.max_prompt_tokens, args.batch_size, args.minutes)
+    distill(target, specs, args.out, args.max_new_tokens, args.max_prompt_tokens, args.batch_size, args.minutes,
+            batch_tokens=args.batch_tokens, command=command)
+    return 0
+
+
+def _is_directory(out: Path) -> bool:
+    return out.is_dir() or str(out).endswith("/") or not out.suffix
+
+
+def distill_shards(args, specs: list[dict], command: str) -> int:
+    """Sharded distillation (shards.py), on every process `accelerate launch` starts (one when run plainly)."""
+    from accelerate import PartialState
+
+    state = PartialState()
+    target = load_target(args.model, args.device or (str(state.device) if state.num_processes > 1 else None),
+                         args.dtype)
+    manifest = shards.load_or_make_manifest(
+        args.out, lambda: shards.make_manifest(target, specs, shards.skip_ids(args.skip), args.shard_prompts,
+                                               args.max_prompt_tokens, command),
+        state.is_main_process, state.wait_for_everyone)
+    by_id = {s["id"]: s for s in specs}
+    mine = shards.my_shards(manifest, state.process_index, state.num_processes, args.shards)
+    for k in mine:
+        path = shards.shard_path(args.out, k)
+        if shards.finished(path, manifest["shards"][k]):
+            continue
+        print(f"distill: shard {k} of {len(manifest['shards'])} (process {state.process_index})", flush=True)
+        distill(target, [by_id[i] for i in manifest["shards"][k]], path, args.max_new_tokens, args.max_prompt_tokens,
+                args.batch_size, args.minutes, progress=state.num_processes == 1, batch_tokens=args.batch_tokens,
+                command=manifest["command"])
+    state.wait_for_everyone()
     return 0

@@ -185,11 +185,13 @@ def conversations(path: Path | None = None, decontaminate: Decontaminator | None
     return out
 
 
-def distill_prompts(convs: list[Conversation], n_first: int, n_later: int, heldout: bool = False) -> list[dict]:
+def distill_prompts(convs: list[Conversation], n_first: int, n_later: int, heldout: bool = False,
+                    every_later: bool = False) -> list[dict]:
     """Prompts for self-distillation: {"id", "messages"}; first user turns, then later turns with their real history.
 
     The order is a stable hash order, so a larger request extends a smaller one (a resumed or longer run keeps
-    every answer it already has)."""
+    every answer it already has).  One later turn per conversation comes first; `every_later` then adds all the other
+    later turns (up to `n_later` later turns in all), for corpora that want every turn a conversation has."""
     pool = [c for c in convs if c.heldout == heldout]
     pool.sort(key=lambda c: hashlib.blake2b(c.id.encode(), digest_size=8).digest())
     out = [{"id": f"sg:{c.id}:0", "messages": c.chat[:1]} for c in pool[:n_first]]
@@ -199,6 +201,12 @@ def distill_prompts(convs: list[Conversation], n_first: int, n_later: int, heldo
         if users and len(later) < n_later:
             i = users[len(c.id) % len(users)]  # one later turn per conversation, deterministic
             later.append({"id": f"sg:{c.id}:{i}", "messages": c.chat[: i + 1]})
+    if every_later:
+        chosen = {s["id"] for s in later}
+        for c in pool:
+            for i in (i for i, t in enumerate(c.chat) if t["role"] == "user" and i > 0):
+                if len(later) < n_later and f"sg:{c.id}:{i}" not in chosen:
+                    later.append({"id": f"sg:{c.id}:{i}", "messages": c.chat[: i + 1]})
     return out + later
 
 

@@ -39,6 +39,7 @@ from specdemo.app.user_store import UserStoreError, build_user_store
 from specdemo.bench import run_bench
 from specdemo.drafters import DEFAULT_METHOD, LABELS, all_knobs, by_default_rank
 from specdemo.drafters.rest.datastore import DatastoreError
+from specdemo.precision import model_spec
 from specdemo.sampling import SamplingConfig
 from specdemo.target import EMBEDDED
 
@@ -77,13 +78,14 @@ def _write_json(data: dict, prefix: str) -> str:
     return path
 
 
-def on_race(request: gr.Request, mode: str, model: str, prompt: str, max_new_tokens: float, temperature: float,
-            top_p: float, top_k: float, seed: float, user_store: tuple | None, *knobs):
+def on_race(request: gr.Request, mode: str, model: str, precision: str, prompt: str, max_new_tokens: float,
+            temperature: float, top_p: float, top_k: float, seed: float, user_store: tuple | None, *knobs):
     """Generate (mode = a method) and Race all (mode = "all"): check the request once, then stream the race."""
     try:
         options = {m: options_of(m, knobs) for m in modes()}
         if user_store and user_store[0] == model_name(model):  # REST retrieves from the user's own datastore
             options["rest"] = {**options["rest"], "datastore": user_store[1]}
+        model = with_precision(model, precision)
         if mode == RACE_ALL:
             req = race_all_request(prompt, model or EMBEDDED, max_new_tokens, temperature, top_p, top_k, seed, options)
         else:
@@ -186,9 +188,18 @@ def next_step(k: float, rec: RaceRecord | None, lane: str | None) -> int:
     return min(int(k) + 1, len(rec.runs[key].events)) if key else 1
 
 
-def on_load_model(model: str, current: str | None):
-    """Load (or fetch from cache) the model; refresh the header and which modes can run on it."""
+def with_precision(model: str | None, precision: str | None) -> str:
+    """The model field and the precision picker as one model spec ("embedded@int4"), or a UserError."""
     try:
+        return model_spec(model, precision)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
+def on_load_model(model: str, precision: str, current: str | None):
+    """Load (or fetch from cache) the model at the picked precision; refresh the header and which modes can run."""
+    try:
+        model = with_precision(model, precision)
         if model in MODELS:
             target = MODELS.get(model)
         else:
@@ -259,11 +270,12 @@ def _bench(model: str, *args, **kwargs) -> dict:
 bench_on_device = on_gpu(_bench, duration=300)  # decorated at import time, as ZeroGPU expects
 
 
-def on_bench(model: str, methods: list[str], prompt_labels: list[str], max_new_tokens: float,
+def on_bench(model: str, precision: str, methods: list[str], prompt_labels: list[str], max_new_tokens: float,
              progress: gr.Progress = gr.Progress()):
     """Run specdemo.bench over the chosen example prompts: a table, a speedup chart and the JSON."""
     empty = pd.DataFrame(columns=["method", "tok/s", "speedup", "τ", "identical", "draft ms", "verify ms"])
     try:
+        model = with_precision(model, precision)
         if not methods:
             raise UserError("Pick at least one method to compare with autoregressive decoding.")
         prompts = [{"id": c, "prompt": p} for c, p in EXAMPLES if c in (prompt_labels or [])]

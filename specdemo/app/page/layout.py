@@ -7,6 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import gradio as gr
+import torch
 
 from specdemo import ASSETS
 from specdemo.app.api import api_markdown, race_all_api, race_api
@@ -22,6 +23,7 @@ from specdemo.app.render import header_html, modes_html, pane_html, summary_html
 from specdemo.app.request import MAX_NEW_TOKENS, RACE_ALL, modes
 from specdemo.app.user_store import MAX_FILES, MAX_TEXT_BYTES
 from specdemo.drafters import LABELS, all_knobs, knobs
+from specdemo.precision import PRECISIONS
 from specdemo.target import EMBEDDED
 
 # Every event that touches a model shares one concurrency id.  Gradio lets enough of them in for the gate's line
@@ -48,6 +50,10 @@ def _controls(ui: SimpleNamespace, default_model: str) -> None:
                                        label="Model", info="embedded = SmolLM2-135M-Instruct, offline; or a hub id"
                                        + ("" if public_mode() else " or local folder"), scale=4)
                 ui.load_btn = gr.Button("Load", scale=1, min_width=70, size="md", elem_id="sd-load")
+            ui.precision = gr.Radio(list(PRECISIONS), value="fp32", label="Precision (CPU)", elem_id="sd-precision",
+                                    info="fp32: drafts identical to plain decoding · bf16, int4 (the GGUF's own 4-bit "
+                                         "weights): faster steps, may part at near-ties",
+                                    visible=not torch.cuda.is_available())
             ui.mode = gr.Radio([(LABELS.get(m, m), m) for m in modes()], value=None, label="Speculative mode",
                                elem_id="sd-mode")
             ui.modes_box = gr.HTML(modes_html({}, LABELS), padding=False)
@@ -177,7 +183,7 @@ def _tabs(ui: SimpleNamespace) -> None:
 def _wire_race(ui: SimpleNamespace, model_work: dict) -> None:
     """Generate, Race all, Enter in the prompt, Stop, the colour switch and step by step."""
     race_outputs = [getattr(ui, name) for name in h.RACE_OUTPUTS]
-    settings = [ui.model, ui.prompt, ui.max_new, ui.temperature, ui.top_p, ui.top_k, ui.seed, ui.user_store,
+    settings = [ui.model, ui.precision, ui.prompt, ui.max_new, ui.temperature, ui.top_p, ui.top_k, ui.seed, ui.user_store,
                 *ui.knob_inputs]
     # no progress overlay: the panes show the race's state, and Gradio's animated timers on every output would keep
     # the browser drawing (on the cores the race runs on) for the whole race
@@ -207,9 +213,10 @@ def _wire(demo: gr.Blocks, ui: SimpleNamespace) -> None:
     load_outputs = [ui.header, ui.mode, ui.modes_box, ui.message, ui.avail_state, ui.bench_methods, ui.gen_btn]
     model_work = dict(concurrency_id=MODEL_WORK, concurrency_limit=MODEL_WORK_LIMIT)
     private = dict(api_visibility="private")
-    demo.load(h.on_load_model, [ui.model, ui.mode], load_outputs, **private, **model_work)
-    ui.load_btn.click(h.on_load_model, [ui.model, ui.mode], load_outputs, **private, **model_work)
-    ui.model.input(h.on_load_model, [ui.model, ui.mode], load_outputs, **private, **model_work)
+    demo.load(h.on_load_model, [ui.model, ui.precision, ui.mode], load_outputs, **private, **model_work)
+    ui.load_btn.click(h.on_load_model, [ui.model, ui.precision, ui.mode], load_outputs, **private, **model_work)
+    ui.model.input(h.on_load_model, [ui.model, ui.precision, ui.mode], load_outputs, **private, **model_work)
+    ui.precision.input(h.on_load_model, [ui.model, ui.precision, ui.mode], load_outputs, **private, **model_work)
     ui.mode.change(h.on_mode, [ui.mode, ui.avail_state], [ui.gen_btn, ui.message], **private, queue=False)
     for m, g in ui.groups.items():
         ui.mode.change(lambda x, m=m: gr.Group(visible=x == m), [ui.mode], [g], **private, queue=False)
@@ -218,7 +225,7 @@ def _wire(demo: gr.Blocks, ui: SimpleNamespace) -> None:
         ui.store_btn.click(h.on_build_store, [ui.model, ui.store_files, ui.store_folder],
                            [ui.store_status, ui.user_store], **private, **model_work)
         ui.store_reset.click(h.on_reset_store, None, [ui.store_status, ui.user_store], **private, queue=False)
-    ui.bench_btn.click(h.on_bench, [ui.model, ui.bench_methods, ui.bench_prompts, ui.bench_tokens],
+    ui.bench_btn.click(h.on_bench, [ui.model, ui.precision, ui.bench_methods, ui.bench_prompts, ui.bench_tokens],
                        [ui.bench_table, ui.bench_plot, ui.bench_note, ui.bench_json], **private, **model_work)
     gr.api(race_api, api_name="race", **model_work)
     gr.api(race_all_api, api_name="race_all", **model_work)

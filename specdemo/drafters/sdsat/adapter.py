@@ -28,6 +28,7 @@ import torch
 from specdemo import ASSETS as PACKAGE_ASSETS
 from specdemo import artifacts
 from specdemo.artifacts import architecture_hash, resolve_dir
+from specdemo.precision import Int4Linear
 
 FORMAT = "specdemo-sdsat"
 VERSION = 1
@@ -43,11 +44,12 @@ class AdapterError(RuntimeError):
     """The SDSAT artifact is missing, malformed or made for another base model."""
 
 
-def _linear_modules(model, targets) -> dict[str, torch.nn.Linear]:
-    """name (as in model.named_modules, e.g. 'model.layers.0.self_attn.q_proj') -> Linear, for the decoder layers."""
+def _linear_modules(model, targets) -> dict[str, torch.nn.Module]:
+    """name (as in model.named_modules, e.g. 'model.layers.0.self_attn.q_proj') -> linear layer, for the decoder
+    layers (an nn.Linear, or precision.Int4Linear at int4: the adapter only reads their inputs and outputs)."""
     out = {}
     for name, mod in model.named_modules():
-        if isinstance(mod, torch.nn.Linear) and name.split(".")[-1] in targets and ".layers." in name:
+        if isinstance(mod, (torch.nn.Linear, Int4Linear)) and name.split(".")[-1] in targets and ".layers." in name:
             out[name] = mod
     if not out:
         raise AdapterError(f"no linear layers named {list(targets)} in {type(model).__name__}")

@@ -1,0 +1,206 @@
+"""The precision a CPU model's linear layers run at: fp32, bf16 or int4 weights (`--precision`, the page's picker).
+
+Why: a decoding step on the CPU is mostly its linear layers streaming weights.  The embedded model ships as 4-bit
+GGUF `Q4_1` blocks (32 weights, an fp16 scale d and minimum m per block), and torch has a CPU kernel for exactly that
+layout (`_weight_int4pack_mm_for_cpu`, group 32, w = scale·(q − 8) + zero): Q4_1's w = d·q + m is scale d and zero
+m + 8d, so the file's own 4-bit weights feed the kernel without re-quantising.  One 1-row step's decoder linears take
+~5 ms that way against ~24 ms dequantised to fp32 on the 2-core dev machine.
+
+    fp32  the weights de-quantised to fp32, oneDNN-packed (cpu_linear.py): the reference
+    bf16  every linear bf16-packed (oneDNN), fp32 activations in and out (a rounding of the fp32 weights)
+    int4  the decoder's linears in torch's int4 layout (the GGUF's Q4_1 blocks for the embedded model; other models
+          are quantised group-wise here, which makes a different model than the checkpoint), LM head bf16-packed
+
+The int4 kernel is fast only on bf16 activations (fp32 ones take a scalar path ~20x slower), so an int4 linear
+rounds its input to bf16 and its scales to bf16: a weight differs from the GGUF's de-quantised value by at most
+8·|d − bf16(d)| + |z − bf16(z)| ≤ 2⁻⁸·(8|d| + |z|) (bf16 keeps 8 significant bits).  Every linear here gives a row
+the same result alone or among others (`rows_invariant`).  That is not yet enough for token-identical output: the
+CPU attention kernel sums a one-token step's keys in another order than a tree row's, and where fp32 keeps those
+last-bit differences below any near-tie, the bf16 rounding of each linear's input can turn one into a 2⁻⁸ change.
+So bf16 and int4 targets carry NEAR_TIES as their precision note (the page shows it and marks where outputs part),
+until the attention is made row-invariant too.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specdemo.cpu_linear import PackedLinear, bf16_available
+
+PRECISIONS = ("fp32", "bf16", "int4")
+DEFAULT_MODEL = "embedded"  # target.EMBEDDED (precision.py sits below target.py)
+GROUP = 32  # Q4_1's block: the int4 kernel's group size
+DECODER_LINEARS = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+                   "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+                   "ffn_down": "mlp.down_proj"}
+
+
+# What the page and the bench say about bf16 and int4 (see the module doc and docs/precision.md): the linears are
+# row-invariant, but the CPU attention kernel is not (a one-token step and a tree row sum over keys in a different
+# order), and rounding each linear's input to bf16 turns those last-bit differences into visible ones at near-ties.
+NEAR_TIES = "bf16 activations in the linears: drafted output may differ from plain decoding at near-ties"
+
+
+def check_precision(precision: str | None) -> str:
+    """The precision asked for, or a ValueError that names the allowed ones."""
+    p = (precision or "fp32").strip().lower()
+    if p not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)} (got {precision!r})")
+    return p
+
+
+SEP = "@"  # "embedded@int4": a model at a CPU precision (precision.py); no hub id or usual folder holds an "@"
+
+
+def model_spec(name: str | None, precision: str | None = None) -> str:
+    """The cache's key of a model at a precision: "embedded", "embedded@int4" (fp32 has no suffix)."""
+    base, asked = split_spec(name)
+    p = check_precision(precision or asked)
+    return base if p == "fp32" else f"{base}{SEP}{p}"
+
+
+def split_spec(spec: str | None) -> tuple[str, str]:
+    """("embedded", "int4") of "embedded@int4"; a bare name is fp32.  An unknown precision is left to be refused by
+    check_precision with the allowed ones named."""
+    text = (spec or DEFAULT_MODEL).strip() or DEFAULT_MODEL
+    base, sep, precision = text.rpartition(SEP)
+    if not sep or not base.strip():
+        return text, "fp32"
+    return base.strip(), precision.strip().lower() or "fp32"
+
+
+def int4_available() -> bool:
+    return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") and bf16_available()
+
+
+class Int4Linear(torch.nn.Module):
+    """A linear layer on int4 group-32 weights (torch's packed CPU layout), bf16 activations inside, the caller's dtype
+    outside.  Inference only: it has no dense weight to train."""
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bias: torch.Tensor | None = None):
+        """q: (out, in) int values 0..15; scale, zero: (out, in // 32), w = scale·(q − 8) + zero."""
+        super().__init__()
+        self.out_features, self.in_features = q.shape
+        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 2))
+        self.register_buffer("scales_zeros", torch.stack([scale.t(), zero.t()], -1).to(torch.bfloat16).contiguous())
+        self.bias = bias
+
+    @classmethod
+    def from_q4_1(cls, blocks: np.ndarray, rows: np.ndarray | None = None) -> "Int4Linear":
+        """From GGUF Q4_1 blocks (see `decode_q4_1`)."""
+        q, d, m = decode_q4_1(blocks, rows)
+        return cls(q, d, m + 8 * d)
+
+    @classmethod
+    def quantize(cls, lin: torch.nn.Linear) -> "Int4Linear":
+        """Group-wise asymmetric 4-bit quantisation of a dense layer (min/max per group of 32, as Q4_1 does)."""
+        w = lin.weight.detach().float()
+        g = w.reshape(w.shape[0], -1, GROUP)
+        lo, hi = g.amin(-1), g.amax(-1)
+        d = ((hi - lo) / 15).clamp_min(1e-12)
+        q = ((g - lo[..., None]) / d[..., None]).round().clamp(0, 15).reshape(w.shape)
+        bias = None if lin.bias is None else lin.bias.detach().float()
+        return cls(q.to(torch.int32), d, lo + 8 * d, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_zeros).to(x.dtype)
+        y = y.reshape(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+
+def decode_q4_1(blocks: np.ndarray, rows: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q, d, m) of GGUF Q4_1 blocks, (out, in // 32 · 20) bytes: per block d and m (fp16), then 16 bytes of nibbles
+    (low nibbles are weights 0-15, high nibbles 16-31); w = d·q + m.  `rows`: the output-row order to take them in."""
+    b = blocks if rows is None else blocks[rows]
+    b = b.reshape(b.shape[0], -1, 20)
+    d = b[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    m = b[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    nib = b[:, :, 4:20]
+    q = np.concatenate([nib & 0x0F, nib >> 4], axis=-1).reshape(b.shape[0], -1)
+    return torch.from_numpy(q.astype(np.int32)), torch.from_numpy(d), torch.from_numpy(m)
+
+
+def _q_k_rows(n_rows: int, n_head: int) -> np.ndarray:
+    """The row order that undoes llama.cpp's rotary permutation of q/k weights (transformers undoes it the same way
+    when it de-quantises a GGUF)."""
+    dim = n_rows // n_head // 2
+    return np.arange(n_rows).reshape(n_head, dim, 2).swapaxes(2, 1).reshape(-1)
+
+
+def gguf_int4_layers(gguf_path: Path, config) -> dict[str, Int4Linear]:
+    """{module name: Int4Linear} for every Q4_1 decoder linear of a llama GGUF."""
+    import gguf
+
+    reader = gguf.GGUFReader(gguf_path)
+    out = {}
+    for t in reader.tensors:
+        block, _, rest = t.name.partition(".")
+        layer, _, kind = rest.partition(".")
+        kind = kind.removesuffix(".weight")
+        if block != "blk" or kind not in DECODER_LINEARS or t.tensor_type.name != "Q4_1":
+            continue
+        blocks = np.asarray(t.data)
+        rows = None
+        if kind == "attn_q":
+            rows = _q_k_rows(blocks.shape[0], config.num_attention_heads)
+        elif kind == "attn_k":
+            rows = _q_k_rows(blocks.shape[0], config.num_key_value_heads)
+        out[f"model.layers.{layer}.{DECODER_LINEARS[kind]}"] = Int4Linear.from_q4_1(blocks, rows)
+    return out
+
+
+def _decoder_linears(model: torch.nn.Module) -> list[tuple[str, torch.nn.Linear]]:
+    head = model.get_output_embeddings()
+    return [(n, m) for n, m in model.named_modules()
+            if isinstance(m, torch.nn.Linear) and m is not head and ".layers." in f".{n}"]
+
+
+def apply_precision(model: torch.nn.Module, precision: str, gguf_path: Path | None = None) -> str:
+    """Put a CPU fp32 model's linears at `precision` (after cpu_linear.use_packed_linears); returns what its weights
+    are, for the page's header ("" for fp32)."""
+    precision = check_precision(precision)
+    if precision == "fp32":
+        return ""
+    if not bf16_available():
+        raise ValueError(f"precision {precision} needs a CPU with native bf16 (AVX-512 bf16 or AMX); use fp32")
+    head = model.get_output_embeddings()
+    if isinstance(head, PackedLinear):
+        head.bf16 = True
+        head._packed_weight()
+    if precision == "bf16":
+        for _, m in _decoder_linears(model):
+            if isinstance(m, PackedLinear):
+                m.bf16 = True
+                m._packed_weight()
+        return "bf16 weights (rounded from fp32)"
+    if not int4_available():
+        raise ValueError("precision int4 needs torch's int4 CPU kernel and native bf16; use fp32 or bf16")
+    from_gguf = gguf_int4_layers(gguf_path, model.config) if gguf_path else {}
+    linears = _decoder_linears(model)
+    for name, lin in linears:
+        model.set_submodule(name, from_gguf[name] if name in from_gguf else Int4Linear.quantize(lin))
+    if from_gguf and len(from_gguf) == len(linears):
+        return "int4 weights (the GGUF's own Q4_1 blocks)"
+    return "int4 weights (quantised here, group 32: a different model than the checkpoint)"
+
+
+@torch.no_grad()
+def rows_invariant(model: torch.nn.Module, rows: int = 16) -> bool:
+    """Whether every distinct kind of linear layer gives a row the same result alone as among `rows` rows, bitwise:
+    what keeps a tree verification's logits those of one-token steps."""
+    g = torch.Generator().manual_seed(0)
+    seen = set()
+    for m in model.modules():
+        if not isinstance(m, (torch.nn.Linear, Int4Linear)):
+            continue
+        key = (type(m), m.in_features, m.out_features, getattr(m, "bf16", None))
+        if key in seen:
+            continue
+        seen.add(key)
+        x = torch.randn(rows, m.in_features, generator=g)
+        if not torch.equal(m(x[:1])[0], m(x)[0]):
+            return False
+    return True

@@ -1,0 +1,147 @@
+"""CPU precisions (precision.py): the GGUF's Q4_1 blocks in torch's int4 layout, the bound their bf16 scales keep,
+row invariance of every precision's linears, loading and naming, and the model spec the page and the API use."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from specdemo.engine import GenerationConfig, check_tree_support, generate
+from specdemo.precision import (
+    DECODER_LINEARS,
+    GROUP,
+    NEAR_TIES,
+    Int4Linear,
+    _q_k_rows,
+    check_precision,
+    decode_q4_1,
+    int4_available,
+    model_spec,
+    rows_invariant,
+    split_spec,
+)
+from specdemo.target import ModelLoadError, load_target
+
+needs_int4 = pytest.mark.skipif(not int4_available(), reason="no int4 CPU kernel or no native bf16 on this CPU")
+
+
+def q4_1_blocks(q: np.ndarray, d: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """GGUF Q4_1 bytes of (rows, in) weights q (0..15) with per-block d, m: fp16 d, fp16 m, 16 bytes of nibbles."""
+    rows, cols = q.shape
+    g = q.reshape(rows, cols // GROUP, GROUP).astype(np.uint8)
+    nib = g[..., :16] | (g[..., 16:] << 4)
+    dm = np.stack([d.astype(np.float16), m.astype(np.float16)], -1).view(np.uint8).reshape(rows, cols // GROUP, 4)
+    return np.concatenate([dm, nib], -1).reshape(rows, -1)
+
+
+def test_q4_1_blocks_decode_to_their_weights():
+    rng = np.random.default_rng(0)
+    q = rng.integers(0, 16, (8, 64))
+    d, m = rng.uniform(1e-3, 1e-2, (8, 2)), rng.uniform(-0.1, 0, (8, 2))
+    qq, dd, mm = decode_q4_1(q4_1_blocks(q, d, m))
+    assert torch.equal(qq, torch.from_numpy(q.astype(np.int32)))
+    assert torch.equal(dd, torch.from_numpy(d.astype(np.float16).astype(np.float32)))
+    assert torch.equal(mm, torch.from_numpy(m.astype(np.float16).astype(np.float32)))
+
+
+def test_q_k_row_order_undoes_the_rotary_permutation():
+    # llama.cpp's converter: w.reshape(heads, 2, dim // heads // 2, ...).swapaxes(1, 2)
+    heads, rows = 3, 24
+    perm = np.arange(rows).reshape(heads, 2, rows // heads // 2).swapaxes(1, 2).reshape(-1)
+    assert np.array_equal(perm[_q_k_rows(rows, heads)], np.arange(rows))
+
+
+@needs_int4
+def test_int4_layer_stays_within_the_bf16_scale_bound():
+    """w = d·q + m as the kernel computes it: scale d and zero m + 8d rounded to bf16, so each weight is off by at
+    most 8·|d − bf16(d)| + |z − bf16(z)| <= 2^-8 (8|d| + |z|); a 1-row product is x @ those weights."""
+    rng = np.random.default_rng(1)
+    q = rng.integers(0, 16, (64, 128))
+    d, m = rng.uniform(1e-3, 2e-2, (64, 4)), rng.uniform(-0.2, 0, (64, 4))
+    layer = Int4Linear.from_q4_1(q4_1_blocks(q, d, m))
+    qt, dt, mt = decode_q4_1(q4_1_blocks(q, d, m))
+    exact = dt.repeat_interleave(GROUP, 1) * qt + mt.repeat_interleave(GROUP, 1)  # the GGUF's de-quantised values
+    z = mt + 8 * dt
+    d_b, z_b = dt.bfloat16().float(), z.bfloat16().float()
+    used = d_b.repeat_interleave(GROUP, 1) * (qt - 8) + z_b.repeat_interleave(GROUP, 1)
+    bound = (2.0 ** -8) * (8 * dt.abs() + z.abs()).repeat_interleave(GROUP, 1)
+    assert ((used - exact).abs() <= bound + 1e-9).all()
+    x = torch.randn(3, 128).bfloat16().float()
+    want = x @ used.t()
+    got = layer(x)
+    assert got.dtype == torch.float32
+    assert (got - want).abs().max() <= 2.0 ** -7 * want.abs().max()  # the kernel's bf16 output rounding
+
+
+@needs_int4
+def test_quantised_layer_is_close_to_the_dense_one():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(128, 64)
+    layer = Int4Linear.quantize(lin)
+    x = torch.randn(5, 128)
+    err = (layer(x) - lin(x)).abs().max() / lin(x).abs().max()
+    assert err < 0.1  # 4 bits per weight: ~1/15 of each group's range
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int4"])
+def test_every_linear_is_row_invariant(tiny_llama, precision):
+    if precision == "int4" and not int4_available():
+        pytest.skip("no int4 CPU kernel")
+    target = load_target(str(tiny_llama.model.name_or_path), precision=precision)
+    assert rows_invariant(target.model)
+    assert target.precision == precision and target.precision_note == NEAR_TIES
+    assert ("different model" in target.weights_note) == (precision == "int4")
+    assert precision in target.describe()
+
+
+@needs_int4
+def test_a_reduced_precision_target_decodes_and_passes_the_tree_check(tiny_llama):
+    target = load_target(str(tiny_llama.model.name_or_path), precision="int4")
+    check_tree_support(target)
+    ids = target.encode_prompt("Hello there")
+    out = [t for ev in generate(target, ids, None, GenerationConfig(max_new_tokens=8)) for t in ev.tokens]
+    assert len(out) == 8
+
+
+def test_bad_precisions_are_refused_with_the_allowed_ones(tiny_llama):
+    with pytest.raises(ModelLoadError, match="fp32, bf16, int4"):
+        load_target(str(tiny_llama.model.name_or_path), precision="int3")
+    with pytest.raises(ValueError, match="fp32, bf16, int4"):
+        check_precision("fp8")
+
+
+def test_model_specs_name_a_precision():
+    assert model_spec("embedded", "int4") == "embedded@int4"
+    assert model_spec("embedded@bf16") == "embedded@bf16"
+    assert model_spec(" owner/name ", "fp32") == "owner/name" == model_spec("owner/name@fp32")
+    assert split_spec("owner/name@INT4") == ("owner/name", "int4") and split_spec("") == ("embedded", "fp32")
+    with pytest.raises(ValueError, match="fp32, bf16, int4"):
+        model_spec("embedded@int3")
+
+
+@pytest.mark.slow
+@needs_int4
+def test_the_embedded_int4_weights_are_the_gguf_blocks(embedded):
+    """The int4 target's decoder linears come from the GGUF's own Q4_1 blocks: decoded (rows back in transformers'
+    order) they equal the weights transformers de-quantises from the same file, exactly."""
+    import gguf
+
+    from specdemo.target import embedded_gguf_path
+
+    reader = gguf.GGUFReader(embedded_gguf_path())
+    weights = dict(embedded.model.named_parameters())
+    cfg, checked = embedded.model.config, 0
+    for t in reader.tensors:
+        if t.tensor_type.name != "Q4_1":
+            continue
+        _, layer, kind, _ = t.name.split(".")
+        heads = {"attn_q": cfg.num_attention_heads, "attn_k": cfg.num_key_value_heads}.get(kind)
+        rows = _q_k_rows(t.data.shape[0], heads) if heads else None
+        q, d, m = decode_q4_1(np.asarray(t.data), rows)
+        w = d.repeat_interleave(GROUP, 1) * q + m.repeat_interleave(GROUP, 1)
+        assert torch.equal(w, weights[f"model.layers.{layer}.{DECODER_LINEARS[kind]}.weight"])
+        checked += 1
+    assert checked == 7 * cfg.num_hidden_layers
+    int4 = load_target("embedded", precision="int4")
+    assert "GGUF's own Q4_1" in int4.weights_note and rows_invariant(int4.model)
+    assert sum(isinstance(m, Int4Linear) for m in int4.model.modules()) == checked
