@@ -108,7 +108,7 @@ def summarise(target: Target, methods: list[str], runs: dict[str, list[dict]], m
     ar = {r["id"]: r["tokens"] for r in runs["ar"]}
     ar_tps = runs_tokens_per_s(runs["ar"])
     out = {"device": _device_name(target), "model": target.name, "dtype": str(target.dtype).replace("torch.", ""),
-           "precision": target.precision, "compiled": target.compiled,
+           "precision": getattr(target, "precision", "fp32"), "compiled": getattr(target, "compiled", False),
            "max_new_tokens": max_new_tokens, "sampling": vars(sampling), "prompts": len(runs["ar"]), "methods": {},
            "groups": {}}
     for m in methods:

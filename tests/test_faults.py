@@ -117,7 +117,7 @@ def test_a_drafter_failing_mid_race_ends_that_race_with_a_message(toy, error, wo
 def test_a_model_that_fails_to_load_halfway_is_a_message(monkeypatch):
     from specdemo.app import models
 
-    def broken(name):
+    def broken(name, precision="fp32"):
         raise OSError("disk full while reading model.safetensors")
 
     monkeypatch.setattr(models, "load_target", broken)
