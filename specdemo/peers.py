@@ -10,13 +10,14 @@ measured against our AR, whose weights and kernels differ (expect near-ties to p
 from __future__ import annotations
 
 import importlib.util
+import os
 import time
 
 import torch
 
 PEER_METHODS = ("llamacpp", "llamacpp-pld")
 PLD_TOKENS = 10  # as `hf-pld`: transformers' prompt_lookup_num_tokens=10
-CONTEXT = 4096
+CONTEXT = 2048  # prompt + answer; llamacpp-pld keeps logits for every position (CONTEXT x vocab floats)
 
 
 def available() -> str | None:
@@ -42,8 +43,15 @@ def _llama(target, method: str):
 
         draft = LlamaPromptLookupDecoding(num_pred_tokens=PLD_TOKENS) if method == "llamacpp-pld" else None
         threads = torch.get_num_threads()
-        target.artifacts[key] = Llama(model_path=str(embedded_gguf_path()), n_ctx=CONTEXT, n_threads=threads,
-                                      n_threads_batch=threads, draft_model=draft, verbose=False, seed=0)
+        saved = [os.dup(1), os.dup(2)]  # llama-cpp-python silences the load by redirecting them and may not restore
+        try:
+            target.artifacts[key] = Llama(model_path=str(embedded_gguf_path()), n_ctx=CONTEXT, n_threads=threads,
+                                          n_threads_batch=threads, draft_model=draft, logits_all=draft is not None,
+                                          verbose=False, seed=0)
+        finally:
+            for fd, copy in zip((1, 2), saved):
+                os.dup2(copy, fd)
+                os.close(copy)
     return target.artifacts[key]
 
 
