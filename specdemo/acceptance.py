@@ -153,7 +153,7 @@ def _cli(args) -> int:
     saved = read_cost_curves(args.cost_curves) if args.cost_curves else None
     sampling = SamplingConfig(args.temperature, args.top_p, args.top_k, args.seed)
     sampling.validate()
-    target = load_target(args.model, args.device, args.dtype, args.precision, args.compile)
+    target = load_target(args.model, args.device, args.dtype, args.precision)
     if saved:
         pin_cost_curves(target, saved)
 

@@ -108,7 +108,7 @@ def summarise(target: Target, methods: list[str], runs: dict[str, list[dict]], m
     ar = {r["id"]: r["tokens"] for r in runs["ar"]}
     ar_tps = runs_tokens_per_s(runs["ar"])
     out = {"device": _device_name(target), "model": target.name, "dtype": str(target.dtype).replace("torch.", ""),
-           "precision": getattr(target, "precision", "fp32"), "compiled": getattr(target, "compiled", False),
+           "precision": getattr(target, "precision", "fp32"),
            "max_new_tokens": max_new_tokens, "sampling": vars(sampling), "prompts": len(runs["ar"]), "methods": {},
            "groups": {}}
     for m in methods:
@@ -142,7 +142,7 @@ def _device_name(target: Target) -> str:
 
 def format_table(result: dict) -> str:
     fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
-    weights = result.get("precision", result["dtype"]) + (", compiled" if result.get("compiled") else "")
+    weights = result.get("precision", result["dtype"])
     lines = [f"model {result['model']} ({weights}) on {result['device']}, {result['prompts']} prompts, "
              f"max_new_tokens {result['max_new_tokens']}, "
              + ("greedy" if result["sampling"]["temperature"] <= 0 else f"sampling {result['sampling']}"),
@@ -261,7 +261,7 @@ def _cli(args) -> int:
     if args.max_new_tokens <= 0:
         raise ValueError("--max-new-tokens must be positive")
     saved_curves = read_cost_curves(args.cost_curves) if args.cost_curves else None
-    target = load_target(args.model, args.device, args.dtype, args.precision, args.compile)
+    target = load_target(args.model, args.device, args.dtype, args.precision)
     if saved_curves:
         pin_cost_curves(target, saved_curves)
     sampling = SamplingConfig(args.temperature, args.top_p, args.top_k, args.seed)

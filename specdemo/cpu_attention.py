@@ -50,3 +50,65 @@ def use_grouped_kv_attention(model: torch.nn.Module) -> bool:
     ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
     model.set_attn_implementation(NAME)
     return cfg._attn_implementation == NAME
+
+
+ROW_EXACT = "sdpa_row_exact"
+
+
+def _visible_rows(mask: torch.Tensor, past: int) -> tuple[list[int], bool]:
+    """(per tree row, how many tree slots it sees; whether every row sees exactly the slots right after the context),
+    read from the mask once per forward and kept on it: every layer gets the same mask tensor."""
+    rows = getattr(mask, "_rows", None)
+    if rows is None:
+        seen = [[j for j, ok in enumerate(row) if ok] for row in (mask[0, 0, :, past:] == 0).tolist()]
+        rows = mask._rows = (seen, all(r == list(range(len(r))) for r in seen))
+    return rows
+
+
+def row_exact_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                   is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+    """Attention in which a tree row computes exactly what a one-token step at its position computes.
+
+    Why: at bf16 and int4 precision every linear rounds its input to bf16, so the last-bit differences between a
+    masked multi-row attention and a one-token one (the kernel blocks and sums the keys differently) grow into changes
+    that flip near-ties, and the drafted output parts from plain decoding.  Here every verification row makes the
+    very call a one-token step makes: one query, no mask, over the contiguous keys of its own context.  A row whose
+    ancestors are not the slots right after the committed ones (a tree's side branch) has them copied there for its
+    call, and the tree's own entries are put back afterwards.  Rows cost one kernel call each, so trees pay more."""
+    n, total = query.shape[2], key.shape[2]
+    past = total - n
+    if query.device.type != "cpu" or past <= 0 or (attention_mask is None and n > 1) or kwargs.get("cache") is not None:
+        return grouped_kv_sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                               is_causal=is_causal, **kwargs)
+    if attention_mask is None:  # a one-token step: the call every tree row repeats
+        out = F.scaled_dot_product_attention(query, key, value, scale=scaling, enable_gqa=True)
+        return out.transpose(1, 2).contiguous(), None
+    rows, chain = _visible_rows(attention_mask, past)
+    if not chain:  # the tree's own entries, put back after the rows that move theirs
+        tree_k, tree_v = key[:, :, past:].clone(), value[:, :, past:].clone()
+    out = torch.empty(query.shape[0], n, query.shape[1], value.shape[-1], dtype=query.dtype, device=query.device)
+    for i, slots in enumerate(rows):
+        end = past + len(slots)
+        if not chain:  # bring this row's ancestors and itself right after the context
+            idx = torch.tensor(slots)
+            key[:, :, past:end], value[:, :, past:end] = tree_k[:, :, idx], tree_v[:, :, idx]
+        row = F.scaled_dot_product_attention(query[:, :, i : i + 1].contiguous(), key[:, :, :end], value[:, :, :end],
+                                             scale=scaling, enable_gqa=True)
+        out[:, i] = row[:, :, 0]
+    if not chain:
+        key[:, :, past:], value[:, :, past:] = tree_k, tree_v
+    return out, None
+
+
+def use_row_exact_attention(model: torch.nn.Module) -> bool:
+    """Switch a loaded CPU model to `row_exact_sdpa` (precision.py does, for bf16 and int4); True if switched."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    if getattr(model.config, "_attn_implementation", None) not in ("sdpa", NAME):
+        return False
+    AttentionInterface.register(ROW_EXACT, row_exact_sdpa)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(ROW_EXACT, sdpa_mask)
+    model.set_attn_implementation(ROW_EXACT)
+    return model.config._attn_implementation == ROW_EXACT

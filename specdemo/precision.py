@@ -14,11 +14,12 @@ m + 8d, so the file's own 4-bit weights feed the kernel without re-quantising.  
 The int4 kernel is fast only on bf16 activations (fp32 ones take a scalar path ~20x slower), so an int4 linear
 rounds its input to bf16 and its scales to bf16: a weight differs from the GGUF's de-quantised value by at most
 8·|d − bf16(d)| + |z − bf16(z)| ≤ 2⁻⁸·(8|d| + |z|) (bf16 keeps 8 significant bits).  Every linear here gives a row
-the same result alone or among others (`rows_invariant`).  That is not yet enough for token-identical output: the
-CPU attention kernel sums a one-token step's keys in another order than a tree row's, and where fp32 keeps those
-last-bit differences below any near-tie, the bf16 rounding of each linear's input can turn one into a 2⁻⁸ change.
-So bf16 and int4 targets carry NEAR_TIES as their precision note (the page shows it and marks where outputs part),
-until the attention is made row-invariant too.
+the same result alone or among others (`rows_invariant`).  That alone does not keep drafted output that of plain
+decoding: the CPU attention kernel sums a one-token step's keys in another order than a multi-row masked call does,
+and where fp32 keeps those last-bit differences below any near-tie, the bf16 rounding of each linear's input turns
+them into 2⁻⁸ steps that flip near-ties (measured: identical on 40-80% of prompts).  So at bf16 and int4 the model's
+attention is `cpu_attention.row_exact_sdpa`, in which each verification row makes the very call a one-token step makes;
+with it every mode is token-identical to AR at the same precision.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from specdemo.cpu_attention import use_row_exact_attention
 from specdemo.cpu_linear import PackedLinear, bf16_available
 
 PRECISIONS = ("fp32", "bf16", "int4")
@@ -35,12 +37,6 @@ GROUP = 32  # Q4_1's block: the int4 kernel's group size
 DECODER_LINEARS = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
                    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
                    "ffn_down": "mlp.down_proj"}
-
-
-# What the page and the bench say about bf16 and int4 (see the module doc and docs/precision.md): the linears are
-# row-invariant, but the CPU attention kernel is not (a one-token step and a tree row sum over keys in a different
-# order), and rounding each linear's input to bf16 turns those last-bit differences into visible ones at near-ties.
-NEAR_TIES = "bf16 activations in the linears: drafted output may differ from plain decoding at near-ties"
 
 
 def check_precision(precision: str | None) -> str:
@@ -166,6 +162,7 @@ def apply_precision(model: torch.nn.Module, precision: str, gguf_path: Path | No
         return ""
     if not bf16_available():
         raise ValueError(f"precision {precision} needs a CPU with native bf16 (AVX-512 bf16 or AMX); use fp32")
+    use_row_exact_attention(model)
     head = model.get_output_embeddings()
     if isinstance(head, PackedLinear):
         head.bf16 = True

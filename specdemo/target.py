@@ -7,7 +7,6 @@ only needs the custom 4D attention mask + explicit position ids that Llama/Qwen2
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import importlib.util
 import json
@@ -20,10 +19,8 @@ from pathlib import Path
 import torch
 
 from specdemo.cpu_attention import use_grouped_kv_attention
-from specdemo.compiled import compile_decoder
-from specdemo.compiled import wanted as wanted_compiled
 from specdemo.cpu_linear import use_packed_linears
-from specdemo.precision import NEAR_TIES, apply_precision, check_precision
+from specdemo.precision import apply_precision, check_precision
 
 EMBEDDED = "embedded"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -65,7 +62,6 @@ class Target:
     # decoding's at that precision.  weights_note says what the weights then are (shown in the header).
     precision: str = "fp32"
     weights_note: str = ""
-    compiled: bool = False  # the decoder forward runs through torch.compile (compiled.py)
 
     @property
     def exact(self) -> bool:
@@ -95,8 +91,7 @@ class Target:
 
     def describe(self) -> str:
         kind = self.weights_note or str(self.dtype).replace("torch.", "")
-        text = f"{self.name} · {self.device.type} · {kind}{' · compiled' if self.compiled else ''} · " \
-               f"{self.n_params / 1e6:.0f}M params"
+        text = f"{self.name} · {self.device.type} · {kind} · {self.n_params / 1e6:.0f}M params"
         return f"{text} · {self.precision_note}" if self.precision_note else text
 
     def sync(self) -> None:
@@ -217,10 +212,9 @@ def precision_note(dtype: torch.dtype, asked: str | None) -> str:
 
 
 def load_target(name: str = EMBEDDED, device: str | None = None, dtype: str | None = None,
-                precision: str = "fp32", compile: bool | None = None) -> Target:
+                precision: str = "fp32") -> Target:
     """Load a target model by name: "embedded", a hub id or a local path, its CPU linears at `precision`
-    (precision.py; a GPU takes fp32 only), its decoder compiled when `compile` (compiled.py; None: SPECDEMO_COMPILE).
-    Raises ModelLoadError with a clear message."""
+    (precision.py; a GPU takes fp32 only).  Raises ModelLoadError with a clear message."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
@@ -260,7 +254,7 @@ def load_target(name: str = EMBEDDED, device: str | None = None, dtype: str | No
         model.to(dev)
     model.eval()
     model.requires_grad_(False)
-    packed, weights_note, compiled = _cpu_setup(model, dev, name if label == EMBEDDED else "", precision, compile)
+    packed, weights_note = _cpu_setup(model, dev, name if label == EMBEDDED else "", precision)
     eos = set()
     for src in (model.generation_config.eos_token_id, tok.eos_token_id):
         if src is None:
@@ -270,19 +264,18 @@ def load_target(name: str = EMBEDDED, device: str | None = None, dtype: str | No
     identity = tokenizer_identity(tok)
     first = next(model.parameters())
     return Target(label, model, tok, first.device, first.dtype, eos, max_pos, identity, packed_linears=packed,
-                  precision_note=precision_note(first.dtype, dtype) or (NEAR_TIES if precision != "fp32" else ""),
-                  precision=precision, weights_note=weights_note,
-                  compiled=compiled)
+                  precision_note=precision_note(first.dtype, dtype),
+                  precision=precision, weights_note=weights_note)
 
 
-def _cpu_setup(model, dev: torch.device, embedded: str, precision: str, compile: bool | None) -> tuple[int, str, bool]:
-    """(packed linears, weights note, compiled) of a loaded model: on a CPU, packed linears, grouped-KV attention,
-    the linears at `precision` (from the GGUF's own blocks when `embedded` names the embedded model) and, if wanted,
-    the compiled decoder.  Other devices take fp32 (or their dtype) as loaded."""
+def _cpu_setup(model, dev: torch.device, embedded: str, precision: str) -> tuple[int, str]:
+    """(packed linears, weights note) of a loaded model: on a CPU, packed linears, grouped-KV attention and the
+    linears at `precision` (from the GGUF's own blocks when `embedded` names the embedded model).  Other devices take
+    fp32 (or their dtype) as loaded."""
     if dev.type != "cpu":
         if precision != "fp32":
             raise ModelLoadError(f"precision {precision} is a CPU setting; use fp32 on {dev.type}")
-        return 0, "", False
+        return 0, ""
     packed = use_packed_linears(model)
     use_grouped_kv_attention(model)
     if precision != "fp32" and (not packed or next(model.parameters()).dtype != torch.float32):
@@ -291,10 +284,7 @@ def _cpu_setup(model, dev: torch.device, embedded: str, precision: str, compile:
         weights_note = apply_precision(model, precision, embedded_gguf_path() if embedded == EMBEDDED else None)
     except ValueError as exc:
         raise ModelLoadError(str(exc)) from exc
-    compiled = wanted_compiled(compile)
-    if compiled:
-        compile_decoder(model)
-    return packed, weights_note, compiled
+    return packed, weights_note
 
 
 def find_spec_missing(mod: str) -> bool:
@@ -324,10 +314,8 @@ def tokenizer_identity(tok) -> str:
 
 
 def add_precision_args(parser) -> None:
-    """--precision and --compile, the same in every CLI that loads a target."""
+    """--precision, the same in every CLI that loads a target."""
     from specdemo.precision import PRECISIONS
 
     parser.add_argument("--precision", default="fp32", choices=PRECISIONS,
                         help="CPU weights: fp32 (reference), bf16, or int4 (the embedded GGUF's own 4-bit blocks)")
-    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                        help="torch.compile the decoder (minutes once; default: SPECDEMO_COMPILE=1 turns it on)")

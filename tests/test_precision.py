@@ -6,11 +6,19 @@ import numpy as np
 import pytest
 import torch
 
-from specdemo.engine import GenerationConfig, check_tree_support, generate
+from conftest import OracleDrafter
+from specdemo.engine import (
+    GenerationConfig,
+    check_tree_support,
+    generate,
+    prefilled_cache,
+    run_to_end,
+    tree_forward,
+    trial_forward,
+)
 from specdemo.precision import (
     DECODER_LINEARS,
     GROUP,
-    NEAR_TIES,
     Int4Linear,
     _q_k_rows,
     check_precision,
@@ -20,7 +28,9 @@ from specdemo.precision import (
     rows_invariant,
     split_spec,
 )
+from specdemo.sampling import SamplingConfig
 from specdemo.target import ModelLoadError, load_target
+from specdemo.tree import DraftTree, TreeBuffers
 
 needs_int4 = pytest.mark.skipif(not int4_available(), reason="no int4 CPU kernel or no native bf16 on this CPU")
 
@@ -89,7 +99,7 @@ def test_every_linear_is_row_invariant(tiny_llama, precision):
         pytest.skip("no int4 CPU kernel")
     target = load_target(str(tiny_llama.model.name_or_path), precision=precision)
     assert rows_invariant(target.model)
-    assert target.precision == precision and target.precision_note == NEAR_TIES
+    assert target.precision == precision and target.exact
     assert ("different model" in target.weights_note) == (precision == "int4")
     assert precision in target.describe()
 
@@ -145,3 +155,63 @@ def test_the_embedded_int4_weights_are_the_gguf_blocks(embedded):
     int4 = load_target("embedded", precision="int4")
     assert "GGUF's own Q4_1" in int4.weights_note and rows_invariant(int4.model)
     assert sum(isinstance(m, Int4Linear) for m in int4.model.modules()) == checked
+
+
+# ------------------------------------------------------------------------------- lossless at every precision
+REDUCED = ["bf16", pytest.param("int4", marks=needs_int4)]
+
+
+def _at(tiny, precision: str):
+    return load_target(str(tiny.model.name_or_path), precision=precision)
+
+
+@pytest.mark.parametrize("precision", REDUCED)
+def test_tree_rows_compute_exactly_what_one_token_steps_compute(tiny, precision):
+    """Row-exact attention: every row of a branching tree (two branches, so rows move their ancestors) gives the
+    bitwise logits of one-token steps along its own path."""
+    target = _at(tiny, precision)
+    torch.manual_seed(0)
+    ctx = torch.randint(100, 5000, (14,)).tolist()
+    a, b, c, d = ctx[10:14]
+    tree = DraftTree(tokens=[a, b, c, d], parents=[-1, 0, -1, 2])
+    with torch.no_grad():
+        rows, _ = trial_forward(target, prefilled_cache(target, ctx[:9], 8), ctx[9], tree)
+        want = {}
+        for path in ([a, b], [c, d]):
+            cache = prefilled_cache(target, ctx[:9], 8)
+            for k, tok in enumerate([ctx[9]] + path):
+                buf = TreeBuffers.build(DraftTree.empty(), cache.get_seq_length())
+                want[(tuple(path), k)] = target.lm_head(tree_forward(target, cache, [tok], buf))[0]
+    assert torch.equal(rows[0], want[((a, b), 0)]) and torch.equal(rows[0], want[((c, d), 0)])
+    assert torch.equal(rows[1], want[((a, b), 1)]) and torch.equal(rows[2], want[((a, b), 2)])
+    assert torch.equal(rows[3], want[((c, d), 1)]) and torch.equal(rows[4], want[((c, d), 2)])
+
+
+@pytest.mark.parametrize("precision", REDUCED)
+@pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(0.8, 0.9, 0, seed=7)], ids=["greedy", "sampling"])
+def test_oracle_trees_are_lossless_at_reduced_precision(tiny, precision, sampling):
+    target = _at(tiny, precision)
+    torch.manual_seed(1)
+    prompt = torch.randint(100, 5000, (12,)).tolist()
+    cfg = GenerationConfig(max_new_tokens=32, sampling=sampling)
+    ref, _ = run_to_end(target, prompt, None, cfg)
+    out, events = run_to_end(target, prompt, OracleDrafter(ref, target.vocab_size, 3, probes=True), cfg)
+    assert out == ref and len(events) < len(ref)
+
+
+@pytest.mark.slow
+@needs_int4
+@pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(0.8, 0.9, 0, seed=11)], ids=["greedy", "sampling"])
+def test_every_drafter_is_lossless_on_the_embedded_model_at_int4(embedded, sampling):
+    from specdemo.drafters import make_drafter
+    from specdemo.offline.build_datastore import ensure_default
+
+    target = load_target("embedded", precision="int4")
+    ensure_default(target, progress=False)
+    cfg = GenerationConfig(max_new_tokens=32, sampling=sampling)
+    for text in ("Write a Python function that checks whether a string is a palindrome.",
+                 "Explain in two sentences why the sky is blue."):
+        ids = target.encode_prompt(text)
+        ref, _ = run_to_end(target, ids, None, cfg)
+        for method in ("pld", "rest", "s4c", "sdsat"):
+            assert run_to_end(target, ids, make_drafter(method, target), cfg)[0] == ref, method

@@ -51,8 +51,8 @@ def _controls(ui: SimpleNamespace, default_model: str) -> None:
                                        + ("" if public_mode() else " or local folder"), scale=4)
                 ui.load_btn = gr.Button("Load", scale=1, min_width=70, size="md", elem_id="sd-load")
             ui.precision = gr.Radio(list(PRECISIONS), value="fp32", label="Precision (CPU)", elem_id="sd-precision",
-                                    info="fp32: drafts identical to plain decoding · bf16, int4 (the GGUF's own 4-bit "
-                                         "weights): faster steps, may part at near-ties",
+                                    info="the linears' weights: fp32 · bf16 · int4 (the embedded GGUF's own 4-bit "
+                                         "blocks); each mode stays identical to AR at the same precision",
                                     visible=not torch.cuda.is_available())
             ui.mode = gr.Radio([(LABELS.get(m, m), m) for m in modes()], value=None, label="Speculative mode",
                                elem_id="sd-mode")
