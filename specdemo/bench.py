@@ -3,7 +3,8 @@
 Speed is only ever reported as measured here, side by side: speedup = method tokens/s ÷ `ar` tokens/s of the same
 run.  tau = new tokens ÷ target forwards (AR = 1.00, the bonus token counted, as Spec-Bench does).  identical = share
 of prompts whose tokens equal AR's.  `hf` / `hf-pld` are transformers' own `generate` (greedy or sampling, and
-`prompt_lookup_num_tokens=10`) on the same inputs, as outside reference points.
+`prompt_lookup_num_tokens=10`) on the same inputs and the fp32 model whatever `--precision` loaded, as outside
+reference points; `llamacpp` / `llamacpp-pld` are llama.cpp on the embedded GGUF (peers.py, `make peers`).
 
 Prompts that carry a `group` (the Spec-Bench tasks) are also summarised per group, with the same formulas over that
 group's prompts only, because an average over tasks hides where a drafter wins and where it costs time.
@@ -53,7 +54,19 @@ def run_one(target: Target, method: str, prompt_ids: list[int], max_new_tokens: 
 
 
 @torch.no_grad()
+def reference_model(target: Target) -> Target:
+    """The model the `hf` rows run: the target itself, or at bf16/int4 the same model in fp32 (loaded once and kept
+    on the target), because transformers' `generate` on the checkpoint's own weights is the outside reference point
+    every precision is compared with."""
+    if getattr(target, "precision", "fp32") == "fp32":
+        return target
+    if "fp32 reference" not in target.artifacts:
+        target.artifacts["fp32 reference"] = load_target(target.name, str(target.device))
+    return target.artifacts["fp32 reference"]
+
+
 def _run_hf(target: Target, method: str, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig) -> dict:
+    target = reference_model(target)
     ids = torch.tensor([prompt_ids], device=target.device)
     kw: dict = dict(max_new_tokens=max_new_tokens, eos_token_id=sorted(target.eos_ids),
                     pad_token_id=target.tokenizer.pad_token_id or sorted(target.eos_ids)[0],
