@@ -212,7 +212,8 @@ def parse_options(items: list[str]) -> dict[str, dict]:
 def register(sub) -> None:
     p = sub.add_parser("bench", help="benchmark methods side by side on a prompt set")
     p.add_argument("--model", default="embedded", help="'embedded', a hub id or a local path")
-    p.add_argument("--methods", default="ar,pld", help=f"comma list of {','.join(METHODS + HF_METHODS + PEER_METHODS)} (llamacpp*: `make peers`); "
+    p.add_argument("--methods", default="ar,pld",
+                   help=f"comma list of {','.join(METHODS + HF_METHODS + PEER_METHODS)} (llamacpp*: `make peers`); "
                    "METHOD:LABEL runs a labelled variant (options via --option METHOD:LABEL.NAME=VALUE)")
     p.add_argument("--prompts", default="humaneval",
                    help="humaneval | chat | spec_bench | spec_bench:tune | spec_bench:check | PATH.jsonl "

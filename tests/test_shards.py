@@ -37,9 +37,9 @@ def test_globs_and_directories_expand(tmp_path):
     for k in range(3):
         (tmp_path / f"shard-00{k}.jsonl.gz").write_bytes(b"")
     want = [tmp_path / f"shard-00{k}.jsonl.gz" for k in range(3)]
-    assert shards.expand([tmp_path]) == want == shards.expand([str(tmp_path / "shard-*.jsonl.gz")])
+    assert corpus.expand([tmp_path]) == want == corpus.expand([str(tmp_path / "shard-*.jsonl.gz")])
     with pytest.raises(FileNotFoundError, match="no training data matches"):
-        shards.expand([str(tmp_path / "nothing-*.gz")])
+        corpus.expand([str(tmp_path / "nothing-*.gz")])
 
 
 def test_sharded_distillation_writes_resumes_and_reads_back(tmp_path, tiny_llama):
@@ -52,7 +52,7 @@ def test_sharded_distillation_writes_resumes_and_reads_back(tmp_path, tiny_llama
     first = shards.shard_path(out, 0).read_bytes()
     assert cli.main(_distill(model, prompts, out)) == 0  # resumes: shard 0 untouched, the others written
     assert shards.shard_path(out, 0).read_bytes() == first
-    records = corpus.read_records(shards.expand([out]))
+    records = corpus.read_records([out])
     assert sorted(r["id"] for r in records) == [f"p{i}" for i in range(7)]
     header, _ = corpus.read_corpus(shards.shard_path(out, 2))
     assert header["command"] == manifest["command"]

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from specdemo.offline import distill, sharegpt
-from specdemo.offline.corpus import DISTILLED_CORPORA
+from specdemo.offline.corpus import distilled_corpora
 
 RECORDS = [
     {"id": "a_0", "conversations": [{"from": "human", "value": "How do I sort a list in Python?"},
@@ -92,7 +92,7 @@ def test_shipped_corpora_share_no_10gram_with_evaluation_sets():
     check = sharegpt.Decontaminator.for_evaluation_sets()
     assert len(check.grams) > 50000  # both evaluation sets were read
     n = 0
-    for path in DISTILLED_CORPORA:
+    for path in distilled_corpora():  # the shipped corpora and every committed shard
         _, records = distill.read_corpus(path)
         for r in records:
             for key in ("prompt_ids", "answer_ids"):

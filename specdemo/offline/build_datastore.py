@@ -36,7 +36,7 @@ from specdemo.drafters.rest.datastore import (  # noqa: F401  (re-exported for o
     dtype_for_vocab,
     separator_for,
 )
-from specdemo.offline.corpus import DISTILLED_CORPORA, read_corpus, split_heldout
+from specdemo.offline.corpus import distilled_corpora, read_corpus, split_heldout
 from specdemo.offline.sharegpt import Decontaminator
 from specdemo.target import (
     EMBEDDED,
@@ -169,7 +169,7 @@ def _distilled_documents(target) -> tuple[list[list[int]], str, list[str]]:
     """(documents, digest, source notes) of the self-distilled corpora for the default store: the embedded model's
     only (another tokenizer's ids would be garbage).  The digest enters the recipe, so new answers rebuild it."""
     docs, digests, counts = [], [], []
-    for path in DISTILLED_CORPORA if target.name == EMBEDDED else ():
+    for path in distilled_corpora() if target.name == EMBEDDED else ():
         d, digest = selfdistill_docs(path, target.identity)
         docs += d
         digests.append(digest)

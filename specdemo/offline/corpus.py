@@ -6,6 +6,7 @@ S4C's and SDSAT's held-out figures are measured on the same records and the data
 """
 from __future__ import annotations
 
+import glob
 import gzip
 import itertools
 import json
@@ -19,16 +20,39 @@ SELFDISTILL_PATH = ASSETS / "corpus" / "selfdistill.jsonl.gz"
 SHAREGPT_DISTILL_PATH = ASSETS / "corpus" / "sharegpt_distill.jsonl.gz"  # `python -m specdemo distill`, see README
 CODE_DISTILL_PATH = ASSETS / "corpus" / "code_distill.jsonl.gz"  # `distill --prompts stdlib`: the target writing code
 DISTILLED_CORPORA = (SELFDISTILL_PATH, SHAREGPT_DISTILL_PATH, CODE_DISTILL_PATH)
+SHARDS_DIR = ASSETS / "corpus" / "sharegpt"  # the rest of ShareGPT in shards (`distill --out assets/corpus/sharegpt/`)
+
+
+def distilled_corpora() -> list[Path]:
+    """The shipped corpora and every finished shard (an unfinished one is only a journal, which this skips)."""
+    return list(DISTILLED_CORPORA) + sorted(SHARDS_DIR.glob("shard-*.jsonl.gz"))
+
+
+def expand(paths: list[str | Path]) -> list[Path]:
+    """Paths with shell globs expanded (sorted; a pattern matching nothing is an error, so a typo is not silent) and
+    a directory read as its shards."""
+    out: list[Path] = []
+    for p in map(str, paths):
+        if Path(p).is_dir():
+            p = str(Path(p) / "shard-*.jsonl.gz")
+        if glob.has_magic(p):
+            hits = sorted(glob.glob(p))
+            if not hits:
+                raise FileNotFoundError(f"no training data matches {p}")
+            out += map(Path, hits)
+        else:
+            out.append(Path(p))
+    return out
 FORMAT = "specdemo-selfdistill"
 VERSION = 2
 
 
 def read_records(paths: list[str | Path]) -> list[dict]:
-    """Records {"id", "prompt_ids", "answer_ids"} of distilled corpora (.jsonl[.gz]) or of plain {"ids": [...],
-    "start": n} JSONL (extra text such as stdlib code: the first `start` ids are context, the rest is trained on)."""
+    """Records {"id", "prompt_ids", "answer_ids"} of distilled corpora (.jsonl[.gz], globs, shard directories) or of
+    plain {"ids": [...], "start": n} JSONL (extra text such as stdlib code: the first `start` ids are context, the rest
+    is trained on)."""
     out = []
-    for path in paths:
-        path = Path(path)
+    for path in expand(paths):
         if not path.exists():
             raise FileNotFoundError(f"training data {path} not found (make it with `python -m specdemo distill`)")
         opener = gzip.open if path.suffix == ".gz" else open

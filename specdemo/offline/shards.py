@@ -14,30 +14,12 @@ interrupted run resumes shard by shard; a finished shard has no journal and can 
 """
 from __future__ import annotations
 
-import glob
 import json
 from pathlib import Path
 
-from specdemo.offline.corpus import journal_path, read_corpus
+from specdemo.offline.corpus import expand, journal_path, read_corpus
 
 MANIFEST = "manifest.json"
-
-
-def expand(paths: list[str | Path]) -> list[Path]:
-    """Paths with shell globs expanded (sorted; a pattern matching nothing is an error, so a typo is not silent) and
-    a directory read as its shards."""
-    out: list[Path] = []
-    for p in map(str, paths):
-        if Path(p).is_dir():
-            p = str(Path(p) / "shard-*.jsonl.gz")
-        if glob.has_magic(p):
-            hits = sorted(glob.glob(p))
-            if not hits:
-                raise FileNotFoundError(f"no training data matches {p}")
-            out += map(Path, hits)
-        else:
-            out.append(Path(p))
-    return out
 
 
 def shard_path(out_dir: Path, k: int) -> Path:
