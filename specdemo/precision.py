@@ -67,6 +67,13 @@ def split_spec(spec: str | None) -> tuple[str, str]:
     return base.strip(), precision.strip().lower() or "fp32"
 
 
+def default_precision() -> str:
+    """The precision the page and the CLIs start at: int4, whose best mode ran fastest of the three on the tune
+    prompts (docs/precision.md), where this CPU has torch's int4 kernel and native bf16; else fp32 (and on a GPU).
+    A model named without a precision ("embedded", the API's default) is fp32."""
+    return "int4" if int4_available() and not torch.cuda.is_available() else "fp32"
+
+
 def int4_available() -> bool:
     return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") and bf16_available()
 

@@ -315,7 +315,8 @@ def tokenizer_identity(tok) -> str:
 
 def add_precision_args(parser) -> None:
     """--precision, the same in every CLI that loads a target."""
-    from specdemo.precision import PRECISIONS
+    from specdemo.precision import PRECISIONS, default_precision
 
-    parser.add_argument("--precision", default="fp32", choices=PRECISIONS,
-                        help="CPU weights: fp32 (reference), bf16, or int4 (the embedded GGUF's own 4-bit blocks)")
+    parser.add_argument("--precision", default=default_precision(), choices=PRECISIONS,
+                        help="CPU weights: fp32, bf16, or int4 (the embedded GGUF's own 4-bit blocks); default here: "
+                             f"{default_precision()} (docs/precision.md)")

@@ -23,7 +23,7 @@ from specdemo.app.render import header_html, modes_html, pane_html, summary_html
 from specdemo.app.request import MAX_NEW_TOKENS, RACE_ALL, modes
 from specdemo.app.user_store import MAX_FILES, MAX_TEXT_BYTES
 from specdemo.drafters import LABELS, all_knobs, knobs
-from specdemo.precision import PRECISIONS
+from specdemo.precision import PRECISIONS, default_precision, model_spec
 from specdemo.target import EMBEDDED
 
 # Every event that touches a model shares one concurrency id.  Gradio lets enough of them in for the gate's line
@@ -50,7 +50,8 @@ def _controls(ui: SimpleNamespace, default_model: str) -> None:
                                        label="Model", info="embedded = SmolLM2-135M-Instruct, offline; or a hub id"
                                        + ("" if public_mode() else " or local folder"), scale=4)
                 ui.load_btn = gr.Button("Load", scale=1, min_width=70, size="md", elem_id="sd-load")
-            ui.precision = gr.Radio(list(PRECISIONS), value="fp32", label="Precision (CPU)", elem_id="sd-precision",
+            ui.precision = gr.Radio(list(PRECISIONS), value=default_precision(), label="Precision (CPU)",
+                                    elem_id="sd-precision",
                                     info="the linears' weights: fp32 · bf16 · int4 (the embedded GGUF's own 4-bit "
                                          "blocks); each mode stays identical to AR at the same precision",
                                     visible=not torch.cuda.is_available())
@@ -240,7 +241,7 @@ def build_demo(default_model: str = EMBEDDED) -> gr.Blocks:
     # weights to the GPU only outside GPU functions).
     try:
         print(f"specdemo: loading {default_model} and measuring its verification costs…", flush=True)
-        MODELS.get(default_model)
+        MODELS.get(model_spec(default_model, default_precision()))
     except Exception as exc:  # noqa: BLE001 — the page still opens and shows the reason
         print(f"specdemo: could not preload {default_model}: {exc}", flush=True)
 
