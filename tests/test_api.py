@@ -77,11 +77,12 @@ def test_the_default_model_loads_before_the_server_starts(monkeypatch):
     """Loading measures the cost curve that sizes the trees: it must not wait for the first visit, when the browser
     rendering the new page shares the cores with the measurement."""
     from specdemo.app.page import layout
+    from specdemo.precision import default_precision, model_spec
 
     asked = []
     monkeypatch.setattr(layout.MODELS, "get", lambda name: asked.append(name))
     layout.build_demo("embedded")
-    assert asked == ["embedded"]
+    assert asked == [model_spec("embedded", default_precision())]  # at the precision the picker starts at
 
 
 def test_the_queue_polls_every_50_ms_and_slower_while_model_work_holds_the_gate(app, client):
