@@ -254,8 +254,11 @@ def test_the_precision_picker_loads_and_races_the_model_at_that_precision(embedd
         pytest.skip("no int4 CPU kernel on this CPU")
     header = on_load_model("embedded", "int4", "pld")[0]
     assert "int4 weights" in header
-    final = generate(precision="int4")[-1]
-    assert final[4].precision == "int4" and final[4].status == "done"
+    final = generate(precision="int4", max_new_tokens=24)[-1]
+    rec = final[4]
+    assert rec.precision == "int4" and rec.status == "done"
+    tokens = [run.tokens for run in rec.runs.values()]
+    assert len(tokens) == 2 and tokens[0] == tokens[1]  # AR and prompt lookup at int4: the same text
     bad = generate(precision="int3")
     assert len(bad) == 1 and "fp32, bf16, int4" in bad[0][3]
 
