@@ -34,7 +34,7 @@ from specdemo.drafters import METHODS, make_drafter
 from specdemo.engine import GenerationConfig, StepEvent, run_to_end
 from specdemo.prompts import load_prompts
 from specdemo.sampling import SamplingConfig
-from specdemo.target import Target, add_precision_args, load_target
+from specdemo.target import Target, add_target_args, target_from_args
 from specdemo.tree import DepthTally
 
 DEPTHS = 8  # draft depths reported
@@ -118,7 +118,7 @@ def format_lines(result: dict) -> str:
 
 def register(sub) -> None:
     p = sub.add_parser("acceptance", help="acceptance of each method's drafts (tau, per depth), nothing timed")
-    p.add_argument("--model", default="embedded", help="'embedded', a hub id or a local path")
+    add_target_args(p)
     p.add_argument("--methods", default="pld,rest,s4c,sdsat",
                    help=f"comma list of {','.join(METHODS)}; METHOD:LABEL runs a labelled variant "
                         "(options via --option METHOD:LABEL.NAME=VALUE)")
@@ -134,9 +134,6 @@ def register(sub) -> None:
     p.add_argument("--no-check", action="store_true", help="skip the AR reference runs (no `identical`; faster)")
     p.add_argument("--cost-curves", default=None, metavar="BENCH.json",
                    help="size trees by the cost curves saved in a bench JSON instead of measuring them here")
-    p.add_argument("--device", default=None)
-    p.add_argument("--dtype", default=None, help="auto (default) | float32 | bfloat16 | float16")
-    add_precision_args(p)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--json", default=None, help="write the result JSON here")
     p.set_defaults(func=_cli)
@@ -153,7 +150,7 @@ def _cli(args) -> int:
     saved = read_cost_curves(args.cost_curves) if args.cost_curves else None
     sampling = SamplingConfig(args.temperature, args.top_p, args.top_k, args.seed)
     sampling.validate()
-    target = load_target(args.model, args.device, args.dtype, args.precision)
+    target = target_from_args(args)
     if saved:
         pin_cost_curves(target, saved)
 

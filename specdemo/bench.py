@@ -26,7 +26,7 @@ from specdemo.peers import PEER_METHODS, run_peer
 from specdemo.metrics import acceptance_by_depth, figures, runs_tokens_per_s
 from specdemo.prompts import has_groups, load_prompts, stratified
 from specdemo.sampling import SamplingConfig
-from specdemo.target import Target, add_precision_args, load_target
+from specdemo.target import Target, add_target_args, load_target, target_from_args
 
 HF_METHODS = ("hf", "hf-pld")
 
@@ -211,7 +211,7 @@ def parse_options(items: list[str]) -> dict[str, dict]:
 
 def register(sub) -> None:
     p = sub.add_parser("bench", help="benchmark methods side by side on a prompt set")
-    p.add_argument("--model", default="embedded", help="'embedded', a hub id or a local path")
+    add_target_args(p)
     p.add_argument("--methods", default="ar,pld",
                    help=f"comma list of {','.join(METHODS + HF_METHODS + PEER_METHODS)} (llamacpp*: `make peers`); "
                    "METHOD:LABEL runs a labelled variant (options via --option METHOD:LABEL.NAME=VALUE)")
@@ -228,9 +228,6 @@ def register(sub) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default=None)
-    p.add_argument("--dtype", default=None, help="auto (default) | float32 | bfloat16 | float16")
-    add_precision_args(p)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--option", action="append", default=[], help="METHOD.NAME=VALUE drafter option, repeatable")
     p.add_argument("--json", default=None, help="write the result JSON here")
@@ -275,7 +272,7 @@ def _cli(args) -> int:
     if args.max_new_tokens <= 0:
         raise ValueError("--max-new-tokens must be positive")
     saved_curves = read_cost_curves(args.cost_curves) if args.cost_curves else None
-    target = load_target(args.model, args.device, args.dtype, args.precision)
+    target = target_from_args(args)
     if saved_curves:
         pin_cost_curves(target, saved_curves)
     sampling = SamplingConfig(args.temperature, args.top_p, args.top_k, args.seed)

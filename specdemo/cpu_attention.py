@@ -55,7 +55,7 @@ def use_grouped_kv_attention(model: torch.nn.Module) -> bool:
 ROW_EXACT = "sdpa_row_exact"
 
 
-def _visible_rows(mask: torch.Tensor, past: int) -> tuple[list[int], bool]:
+def _visible_rows(mask: torch.Tensor, past: int) -> tuple[list[list[int]], bool]:
     """(per tree row, how many tree slots it sees; whether every row sees exactly the slots right after the context),
     read from the mask once per forward and kept on it: every layer gets the same mask tensor."""
     rows = getattr(mask, "_rows", None)

@@ -51,10 +51,15 @@ SEP = "@"  # "embedded@int4": a model at a CPU precision (precision.py); no hub 
 
 
 def model_spec(name: str | None, precision: str | None = None) -> str:
-    """The cache's key of a model at a precision: "embedded", "embedded@int4" (fp32 has no suffix)."""
+    """The cache's key of a model at a precision: "embedded", "embedded@int4" (fp32 has no suffix); `precision`, when
+    given, wins over a suffix of `name`.  An unknown precision is a ValueError naming the allowed ones."""
     base, asked = split_spec(name)
-    p = check_precision(precision or asked)
-    return base if p == "fp32" else f"{base}{SEP}{p}"
+    return join_spec(base, check_precision(precision or asked))
+
+
+def join_spec(base: str, precision: str) -> str:
+    """"embedded", "int4" -> "embedded@int4"; fp32 has no suffix.  Checks nothing (model_spec does)."""
+    return base if precision == "fp32" else f"{base}{SEP}{precision}"
 
 
 def split_spec(spec: str | None) -> tuple[str, str]:
@@ -169,19 +174,18 @@ def apply_precision(model: torch.nn.Module, precision: str, gguf_path: Path | No
         return ""
     if not bf16_available():
         raise ValueError(f"precision {precision} needs a CPU with native bf16 (AVX-512 bf16 or AMX); use fp32")
-    use_row_exact_attention(model)
-    head = model.get_output_embeddings()
-    if isinstance(head, PackedLinear):
-        head.bf16 = True
-        head._packed_weight()
-    if precision == "bf16":
-        for _, m in _decoder_linears(model):
-            if isinstance(m, PackedLinear):
-                m.bf16 = True
-                m._packed_weight()
-        return "bf16 weights (rounded from fp32)"
-    if not int4_available():
+    if precision == "int4" and not int4_available():
         raise ValueError("precision int4 needs torch's int4 CPU kernel and native bf16; use fp32 or bf16")
+    use_row_exact_attention(model)
+    bf16_packed = [model.get_output_embeddings()]  # the LM head is bf16 at both precisions; at bf16 all the rest too
+    if precision == "bf16":
+        bf16_packed += [m for _, m in _decoder_linears(model)]
+    for m in bf16_packed:
+        if isinstance(m, PackedLinear):
+            m.bf16 = True
+            m._packed_weight()
+    if precision == "bf16":
+        return "bf16 weights (rounded from fp32)"
     from_gguf = gguf_int4_layers(gguf_path, model.config) if gguf_path else {}
     linears = _decoder_linears(model)
     for name, lin in linears:

@@ -20,7 +20,7 @@ import torch
 
 from specdemo.cpu_attention import use_grouped_kv_attention
 from specdemo.cpu_linear import use_packed_linears
-from specdemo.precision import apply_precision, check_precision
+from specdemo.precision import PRECISIONS, apply_precision, check_precision, default_precision
 
 EMBEDDED = "embedded"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -313,10 +313,16 @@ def tokenizer_identity(tok) -> str:
     return f"{type(tok).__name__}-{len(vocab)}-{h.hexdigest()[:12]}"
 
 
-def add_precision_args(parser) -> None:
-    """--precision, the same in every CLI that loads a target."""
-    from specdemo.precision import PRECISIONS, default_precision
-
+def add_target_args(parser) -> None:
+    """--model, --device, --dtype and --precision, the same in every CLI that loads a target (`target_from_args`)."""
+    parser.add_argument("--model", default=EMBEDDED, help="'embedded', a hub id or a local path")
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--dtype", default=None, help="auto (default) | float32 | bfloat16 | float16")
     parser.add_argument("--precision", default=default_precision(), choices=PRECISIONS,
                         help="CPU weights: fp32, bf16, or int4 (the embedded GGUF's own 4-bit blocks); default here: "
                              f"{default_precision()} (docs/precision.md)")
+
+
+def target_from_args(args) -> Target:
+    """The target `add_target_args`' flags name."""
+    return load_target(args.model, args.device, args.dtype, args.precision)

@@ -13,15 +13,14 @@ import torch
 from specdemo.app.clocks import model_thread
 from specdemo.app.public import check_model
 from specdemo.budget import measure_cost_curves
-from specdemo.precision import SEP, split_spec
+from specdemo.precision import join_spec, split_spec
 from specdemo.drafters import LABELS, REGISTRY, note, unavailable_reason
-from specdemo.target import EMBEDDED, ModelLoadError, Target, UnsupportedForTree, load_target
+from specdemo.target import ModelLoadError, Target, UnsupportedForTree, load_target
 
 
 def model_name(name: str | None) -> str:
     """A model field as the cache keys it: stripped, empty meaning the embedded model, "@fp32" dropped."""
-    base, precision = split_spec(name)
-    return base if precision == "fp32" else f"{base}{SEP}{precision}"
+    return join_spec(*split_spec(name))
 
 
 class ModelCache:
