@@ -249,3 +249,56 @@ def test_prompt_lookup_graft_lossless_and_budget(tiny_llama):
     got, events = run_to_end(t, prompt, S4CDrafter(t, heads, budget=12, prompt_lookup=5), cfg)
     assert got == ref
     assert all(e.tree_size <= 12 for e in events)
+
+
+def _train_args(model: str, data, out, fc) -> list[str]:
+    return ["train", "s4c", "--model", model, "--data", str(data), "--out", str(out), "--intermediate-size", "64",
+            "--draft-vocab", "512", "--steps", "2", "--batch-size", "5", "--lr", "3e-3", "--warmup", "2",
+            "--max-prompt", "16", "--max-len", "64", "--heldout-max", "0", "--log-every", "2", "--ckpt-every", "100",
+            "--feature-cache", str(fc)]
+
+
+@pytest.mark.slow
+def test_accelerate_launch_with_two_processes_trains_the_heads_one_process_trains(tiny_llama, tmp_path):
+    """Data parallelism: each process takes every other sequence of the same global batch (of 5: shares of 3 and 2,
+    with different numbers of loss positions), the loss terms are normalised by the global batch's counts and the
+    gradients summed, so two processes take one process's optimizer steps (to float round-off)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    from specdemo import cli
+
+    launcher = shutil.which("accelerate", path=os.path.dirname(sys.executable))
+    if launcher is None:
+        pytest.skip("accelerate's launcher is not installed")
+    rng = torch.Generator().manual_seed(1)
+    data = tmp_path / "d.jsonl.gz"
+    with gzip.open(data, "wt") as f:
+        f.write(json.dumps({"format": "specdemo-selfdistill"}) + "\n")
+        for i in range(12):
+            ids = torch.randint(100, 400, (int(torch.randint(12, 40, (1,), generator=rng)),), generator=rng).tolist()
+            f.write(json.dumps({"id": f"r{i}", "prompt_ids": ids[:5], "answer_ids": ids[5:]}) + "\n")
+    model = str(tiny_llama.model.name_or_path)
+    assert cli.main(_train_args(model, data, tmp_path / "one", tmp_path / "fc")) == 0
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    # --multi_gpu: accelerate's torchrun launcher, CPU processes (gloo) on a host without CUDA
+    done = subprocess.run([launcher, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29519",
+                           "-m", "specdemo", *_train_args(model, data, tmp_path / "two", tmp_path / "fc2")],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "data parallel over 2 processes" in (tmp_path / "two" / "train_log.txt").read_text()
+    one = torch.load(tmp_path / "one" / "checkpoint.pt", weights_only=False)["model"]  # fp32, unlike the artifact
+    two = torch.load(tmp_path / "two" / "checkpoint.pt", weights_only=False)["model"]
+    assert one.keys() == two.keys() and load_file(tmp_path / "two" / "model.safetensors").keys()
+    start = S4CHeads(tiny_llama, 3, 64).state_dict()  # fc starts as [0 | I] whatever the seed
+    moved = max(float((one[k] - start[k]).abs().max()) for k in one if k.startswith("fc."))
+    assert moved > 2e-3  # training moved the weights far more than the two runs may differ
+    # two steps: Adam's first step is lr * sign(g) and would hide a gradient of the wrong size; later steps amplify the
+    # processes' different summation order (~1e-6 after one step, ~1e-5 after two, ~1e-3 after six)
+    for k in one:
+        assert torch.allclose(one[k], two[k], rtol=0, atol=1e-4), k

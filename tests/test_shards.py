@@ -75,11 +75,14 @@ def test_accelerate_launch_with_two_processes_writes_the_same_shards(tmp_path, t
     assert cli.main(_distill(model, prompts, tmp_path / "one")) == 0
     launcher = os.path.join(os.path.dirname(sys.executable), "accelerate")
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-    done = subprocess.run([launcher, "launch", "--cpu", "--num_processes", "2", "--num_machines", "1",
+    # --multi_gpu is accelerate's torchrun launcher; on a host without CUDA its processes run on the CPU (gloo).
+    # (`--cpu --num_processes 2` would start ONE process: accelerate's simple launcher.)
+    done = subprocess.run([launcher, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
                            "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29517",
                            "-m", "specdemo", *_distill(model, prompts, tmp_path / "two")],
                           env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
+    assert "(process 0)" in done.stdout and "(process 1)" in done.stdout  # two processes shared the shards
     for k in range(3):
         one = corpus.read_corpus(shards.shard_path(tmp_path / "one", k))[1]
         two = corpus.read_corpus(shards.shard_path(tmp_path / "two", k))[1]

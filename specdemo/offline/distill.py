@@ -271,7 +271,7 @@ def distill_shards(args, specs: list[dict], command: str) -> int:
     """Sharded distillation (shards.py), on every process `accelerate launch` starts (one when run plainly)."""
     from accelerate import PartialState
 
-    state = PartialState()
+    state = PartialState(cpu=not torch.cuda.is_available())  # without `cpu`, CPU processes each see a world of one
     target = load_target(args.model, args.device or (str(state.device) if state.num_processes > 1 else None),
                          args.dtype)
     manifest = shards.load_or_make_manifest(

@@ -3,7 +3,7 @@ processes, and the glob that trainers and the datastore read.
 
     python -m specdemo distill --prompts sharegpt --first 1000000 --later 1000000 --every-later --heldout 0 \\
         --skip assets/corpus/sharegpt_distill.jsonl.gz --out assets/corpus/sharegpt/
-    accelerate launch --num_processes 2 -m specdemo distill ... --out assets/corpus/sharegpt/   # the same shards
+    accelerate launch --multi_gpu --num_processes 2 -m specdemo distill ... --out assets/corpus/sharegpt/  # same shards
 
 The first run writes `manifest.json`: the ids of each shard's prompts (`shard_prompts` each, prompts longer than
 `max_prompt_tokens` left out, ids already in a `--skip` corpus left out).  Every later run, on any number of processes,

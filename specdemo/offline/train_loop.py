@@ -1,5 +1,5 @@
 """What the trainers share: the learning-rate schedule, checkpoints that survive a kill, the run log, the time
-budget, and held-out numbers per data source.
+budget, held-out numbers per data source, and data parallelism over the processes `accelerate launch` starts.
 
 Both trainers (train_s4c.py, train_sdsat.py) run for a number of optimizer steps or a time budget, whichever ends
 first; on a shared 2-core CPU the step rate is unpredictable, so the schedule also follows the clock.
@@ -69,6 +69,57 @@ class Clock:
 
     def over(self) -> bool:
         return bool(self.minutes) and self.elapsed() >= 60 * self.minutes
+
+
+class DataParallel:
+    """Data parallelism over the processes `accelerate launch` starts (one process when run plainly).
+
+    Every process draws the same global batch (the same seed, the same order) and computes the loss terms of its
+    share; the terms are normalised by the global batch's counts, so summing the processes' gradients gives the
+    one-process gradient, and every process then takes the same optimizer step.  Only the main process logs, evaluates
+    and writes."""
+
+    def __init__(self) -> None:
+        from accelerate import PartialState
+
+        self.state = PartialState(cpu=not torch.cuda.is_available())
+        self.rank, self.world = self.state.process_index, self.state.num_processes
+        self.is_main = self.state.is_main_process
+
+    def share(self, batch: list) -> list:
+        """This process's share of a global batch (every world-th item)."""
+        return batch[self.rank :: self.world]
+
+    def sum_gradients(self, params) -> None:
+        """Sum every parameter's gradient over the processes (missing gradients count as zeros)."""
+        if self.world == 1:
+            return
+        from accelerate.utils import reduce
+
+        params = [p for p in params if p.requires_grad]
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+        flat = reduce(flat, reduction="sum")
+        for p, g in zip(params, flat.split([p.numel() for p in params])):
+            p.grad = g.view_as(p).clone()
+
+    def same_parameters(self, module: torch.nn.Module) -> None:
+        """Give every process the main process's parameters (a fresh start is seeded alike, a resume reads the same
+        checkpoint; this makes sure)."""
+        if self.world == 1:
+            return
+        from accelerate.utils import broadcast
+
+        with torch.no_grad():
+            for p in module.parameters():
+                p.copy_(broadcast(p.detach().clone()))
+
+    def any(self, flag: bool) -> bool:
+        """True on every process when `flag` is true on any (so that all stop at the same step)."""
+        if self.world == 1:
+            return flag
+        from accelerate.utils import reduce
+
+        return bool(reduce(torch.tensor([float(flag)]), reduction="sum").item() > 0)
 
 
 def save_checkpoint(path: Path, state: dict) -> None:

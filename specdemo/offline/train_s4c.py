@@ -45,9 +45,22 @@ from specdemo.target import load_target
 
 
 # ---------------------------------------------------------------------------------------------------------- training
+def valid_counts(lens: torch.Tensor, starts: torch.Tensor, n_heads: int) -> list[int]:
+    """Per head, the positions of a batch that carry a loss (see `unrolled_losses`'s `valid`): head h (k = h + 1)
+    predicts answer tokens k + 1 .. len - 1 positions ahead of the sequence start."""
+    return [int((lens - torch.maximum(starts, torch.full_like(starts, h + 2))).clamp_min(0).sum())
+            for h in range(n_heads)]
+
+
 def unrolled_losses(heads: S4CHeads, ids: torch.Tensor, feats: torch.Tensor, lens: torch.Tensor, starts: torch.Tensor,
-                    weights=(0.1, 1.0, 1.0), head_weights=(1.0, 0.8, 0.6), noise: float = 0.0, topk: int = 3):
-    """Loss and per-head metrics for a right-padded batch: ids (B, T), feats (B, T, d) target features."""
+                    weights=(0.1, 1.0, 1.0), head_weights=(1.0, 0.8, 0.6), noise: float = 0.0, topk: int = 3,
+                    counts: list[int] | None = None):
+    """Loss and per-head metrics for a right-padded batch: ids (B, T), feats (B, T, d) target features.
+
+    Each head's terms are sums over its valid positions divided by `counts[h]` (default: this batch's own counts,
+    i.e. means).  A data-parallel process passes the counts of the whole global batch, so that the processes'
+    gradients add up to the one-process gradient."""
+    counts = counts or valid_counts(lens, starts, heads.n_heads)
     B, T = ids.shape
     dev = feats.device
     w_lm = heads.lm_weight()  # (V', d)
@@ -80,45 +93,52 @@ def unrolled_losses(heads: S4CHeads, ids: torch.Tensor, feats: torch.Tensor, len
             # next token itself; on other text (stdlib code) it is what greedy decoding would have produced
             lab = tlogits.argmax(-1)
         logp = logits.log_softmax(-1)
-        ce = F.cross_entropy(logits, lab)
-        soft_ce = -(soft * logp).sum(-1).mean()
-        l1 = F.smooth_l1_loss(gi, fi)
+        n = counts[h]
+        ce = F.cross_entropy(logits, lab, reduction="sum") / n
+        soft_ce = -(soft * logp).sum() / n
+        l1 = F.smooth_l1_loss(gi, fi, reduction="sum") / (n * gi.shape[-1])
         loss_h = weights[0] * ce + weights[1] * soft_ce + weights[2] * l1
         total = total + head_weights[min(h, len(head_weights) - 1)] * loss_h
-        with torch.no_grad():
-            top = logits.topk(topk, -1).indices
-            hit1 = top[:, 0] == lab
-            hitk = (top == lab.unsqueeze(1)).any(-1)
-            # chain acceptance: head h right AND all earlier heads right at this position
-            ok = torch.zeros(B, T, dtype=torch.bool, device=dev)
-            ok[b_i, t_i] = hit1
-            chain = ok if prev_ok is None else ok & prev_ok
-            cond_den = valid if prev_ok is None else valid & prev_ok
-            metrics.append(dict(n=int(valid.sum()), ce=float(ce), soft=float(soft_ce), l1=float(l1),
-                                top1=int(hit1.sum()), topk=int(hitk.sum()),
-                                chain=int((chain & valid).sum()), cond_n=int(cond_den.sum()),
-                                cond_hit=int((chain & cond_den).sum())))
-            prev_ok = chain
+        m, prev_ok = _hits(logits.detach(), lab, valid, prev_ok, topk)
+        metrics.append(dict(m, ce=float(ce), soft=float(soft_ce), l1=float(l1)))
     return total, metrics
 
 
+def _hits(logits: torch.Tensor, lab: torch.Tensor, valid: torch.Tensor, prev_ok: torch.Tensor | None, topk: int):
+    """One head's hit counts over its valid positions (top-1, top-k, and the chain: this head and every earlier one
+    right at the position), and the chain mask the next head extends."""
+    top = logits.topk(topk, -1).indices
+    hit1 = top[:, 0] == lab
+    ok = torch.zeros_like(valid)
+    ok[valid] = hit1  # `valid.nonzero()` is the order the rows were gathered in
+    chain = ok if prev_ok is None else ok & prev_ok
+    cond_den = valid if prev_ok is None else valid & prev_ok
+    return dict(n=int(valid.sum()), top1=int(hit1.sum()), topk=int((top == lab.unsqueeze(1)).any(-1).sum()),
+                chain=int((chain & valid).sum()), cond_n=int(cond_den.sum()),
+                cond_hit=int((chain & cond_den).sum())), chain
+
+
+def _crop(r: dict, max_prompt: int, max_len: int) -> tuple[int, int, int]:
+    """Where a record's training window starts in its ids, its length and its answer's start inside it."""
+    s = max(0, r["start"] - max_prompt)
+    return s, min(len(r["ids"]) - s, max_len), r["start"] - s
+
+
+def batch_counts(batch: list[dict], max_prompt: int, max_len: int, n_heads: int) -> list[int]:
+    """`valid_counts` of a whole (global) batch, from the records alone."""
+    lens, starts = zip(*[_crop(r, max_prompt, max_len)[1:] for r in batch])
+    return valid_counts(torch.tensor(lens), torch.tensor(starts), n_heads)
+
+
 def _collate(batch: list[dict], feats: dict, max_prompt: int, max_len: int, dtype, dev):
-    rows = []
-    for r in batch:
-        f = feats[record_key(r["ids"])]
-        s = max(0, r["start"] - max_prompt)
-        ids, ft, start = r["ids"][s:], f[s:], r["start"] - s
-        ids, ft = ids[:max_len], ft[:max_len]
-        rows.append((ids, ft, start))
-    T = max(len(x[0]) for x in rows)
-    d = rows[0][1].shape[-1]
-    ids = torch.zeros(len(rows), T, dtype=torch.long)
-    ft = torch.zeros(len(rows), T, d, dtype=dtype)
-    for i, (a, b, _) in enumerate(rows):
-        ids[i, : len(a)] = torch.tensor(a)
-        ft[i, : len(a)] = b.to(dtype)
-    lens = torch.tensor([len(x[0]) for x in rows])
-    starts = torch.tensor([x[2] for x in rows])
+    crops = [_crop(r, max_prompt, max_len) for r in batch]
+    T, d = max(n for _, n, _ in crops), feats[record_key(batch[0]["ids"])].shape[-1]
+    ids = torch.zeros(len(batch), T, dtype=torch.long)
+    ft = torch.zeros(len(batch), T, d, dtype=dtype)
+    for i, (r, (s, n, _)) in enumerate(zip(batch, crops)):
+        ids[i, :n] = torch.tensor(r["ids"][s : s + n])
+        ft[i, :n] = feats[record_key(r["ids"])][s : s + n].to(dtype)
+    lens, starts = (torch.tensor(x) for x in list(zip(*crops))[1:])
     return ids.to(dev), ft.to(dev), lens.to(dev), starts.to(dev)
 
 
@@ -223,11 +243,12 @@ class _Run:
 
 def train(args) -> int:
     train_loop.seed_everything(args.seed, args.threads)
+    ddp = train_loop.DataParallel()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    log = train_loop.run_log(out / "train_log.txt")
+    log = train_loop.run_log(out / "train_log.txt") if ddp.is_main else (lambda msg: None)
     command = train_loop.command_line()
-    log(f"command: {command}")
+    log(f"command: {command}" + (f" (data parallel over {ddp.world} processes)" if ddp.world > 1 else ""))
     clock = train_loop.Clock(args.minutes)  # the budget counts the feature extraction too
     target = load_target(args.model, device=args.device, dtype="float32")  # features as the CPU demo computes them
     data = _read_data(args, log)
@@ -238,9 +259,11 @@ def train(args) -> int:
     total_steps = args.steps or args.epochs * math.ceil(len(data.train) / args.batch_size)
     if resumed is not None and not args.steps:
         total_steps = max(total_steps, resumed.get("total_steps", 0))
-    feats = extract_features(target, (data.train if total_steps else []) + data.held, feature_cache(target, args.feature_cache),
-                             args.max_prompt, log)
+    with ddp.state.main_process_first():  # the main process computes and caches the features; the others read them
+        feats = extract_features(target, (data.train if total_steps else []) + data.held,
+                                 feature_cache(target, args.feature_cache), args.max_prompt, log)
     run = _start(args, target, data, resumed, total_steps, log)
+    ddp.same_parameters(run.heads)
     if resumed is not None:
         log(f"resumed from {ckpt} at step {run.step}")
     log(f"heads: {sum(p.numel() for p in run.heads.parameters()) / 1e6:.2f} M params, draft vocab "
@@ -251,7 +274,9 @@ def train(args) -> int:
         log(f"{'final' if final else 'checkpoint'}: step {run.step}, heads saved to {out}")
 
     t_start = time.time()
-    _optimise(run, args, data, feats, target.device, clock, checkpoint, log)
+    _optimise(run, args, data, feats, target.device, clock, checkpoint, log, ddp)
+    if not ddp.is_main:
+        return 0
     checkpoint(final=True)
     if data.held:
         _final_heldout(run.heads, data.held, feats, args, out, log)
@@ -295,34 +320,43 @@ def _save(run: _Run, args, data: _Data, out: Path, command: str) -> None:
                                              "max_prompt": args.max_prompt, "seed": args.seed}})
 
 
-def _optimise(run: _Run, args, data: _Data, feats: dict, dev, clock: train_loop.Clock, checkpoint, log) -> None:
+def _optimise(run: _Run, args, data: _Data, feats: dict, dev, clock: train_loop.Clock, checkpoint, log,
+              ddp: train_loop.DataParallel) -> None:
     """Optimizer steps until the planned number or the time budget: shuffled, length-bucketed batches, the cosine
     schedule, running metrics every --log-every steps, held-out numbers every --eval-every, checkpoints every
-    --ckpt-every."""
+    --ckpt-every (those three on the main process only)."""
     order: list[dict] = []
     t_start, tok_seen, acc = time.time(), 0, []
-    bar = tqdm(total=run.total_steps, initial=run.step, desc="s4c", mininterval=5, file=sys.stderr)
+    bar = tqdm(total=run.total_steps, initial=run.step, desc="s4c", mininterval=5, file=sys.stderr,
+               disable=not ddp.is_main)
     while run.step < run.total_steps:
         order = order or _epoch_order(data.train, args.batch_size, run.rng)
         batch, order = order[: args.batch_size], order[args.batch_size :]
-        ids, ft, lens, starts = _collate(batch, feats, args.max_prompt, args.max_len, torch.float32, dev)
+        counts = batch_counts(batch, args.max_prompt, args.max_len, run.heads.n_heads)
         lr = train_loop.cosine_lr(run.step, args.lr, args.warmup, run.total_steps, budget_spent=clock.spent())
-        loss, ms = unrolled_losses(run.heads, ids, ft, lens, starts, tuple(args.loss_weights), noise=args.noise)
-        train_loop.optimizer_step(run.opt, loss, lr)
+        run.opt.zero_grad(set_to_none=True)
+        mine = ddp.share(batch)  # every process draws the same batch; each computes its share's loss terms
+        if mine:
+            ids, ft, lens, starts = _collate(mine, feats, args.max_prompt, args.max_len, torch.float32, dev)
+            loss, ms = unrolled_losses(run.heads, ids, ft, lens, starts, tuple(args.loss_weights), noise=args.noise,
+                                       counts=counts)
+            loss.backward()
+            tok_seen += int((lens - starts).clamp_min(0).sum())
+            acc = _sum_metrics(acc, ms)
+        ddp.sum_gradients(run.heads.parameters())
+        train_loop.optimizer_step(run.opt, None, lr)
         run.step += 1
         bar.update(1)
-        tok_seen += int((lens - starts).clamp_min(0).sum())
-        acc = _sum_metrics(acc, ms)
-        if run.step % args.log_every == 0:
+        if run.step % args.log_every == 0 and acc:
             m, acc = _fmt_metrics(acc), []
             log(f"step {run.step}/{run.total_steps} loss {float(loss):.3f} lr {lr:.2e} "
                 f"{tok_seen / (time.time() - t_start):.0f} tok/s | "
                 + " ".join(f"h{h + 1} top1 {m[k]['top1']:.3f} cond {m[k]['cond']:.3f}" for h, k in enumerate(m)))
-        if data.held and run.step % args.eval_every == 0:
+        if ddp.is_main and data.held and run.step % args.eval_every == 0:
             log(f"held-out @ {run.step}: {json.dumps(evaluate(run.heads, data.held, feats, args, dev))}")
-        if run.step % args.ckpt_every == 0:
+        if ddp.is_main and run.step % args.ckpt_every == 0:
             checkpoint()
-        if clock.over():
+        if ddp.any(clock.over()):
             log(f"time budget of {args.minutes} min reached")
             break
     bar.close()
