@@ -358,3 +358,49 @@ def test_embedded_shipped_adapter_lossless(embedded):
         for loop in ("fused", "paper"):
             out, ev = run_to_end(embedded, prompt, make_drafter("sdsat", embedded, loop=loop), cfg)
             assert out == ref
+
+
+@pytest.mark.slow
+def test_accelerate_launch_with_two_processes_trains_the_adapter_one_process_trains(tiny_llama, tmp_path):
+    """Data parallelism: four sequences a step, two per process; every process draws every sequence's probes (one
+    generator, in step) and trains its own, and the gradients are summed, so two processes take one process's
+    optimizer steps (to float round-off; two steps, as Adam's first is lr * sign(g))."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from specdemo import cli
+
+    launcher = shutil.which("accelerate", path=os.path.dirname(sys.executable))
+    if launcher is None:
+        pytest.skip("accelerate's launcher is not installed")
+    t = tiny_llama
+    data = tmp_path / "corpus.jsonl.gz"
+    with gzip.open(data, "wt") as f:
+        f.write(json.dumps({"format": "specdemo-selfdistill"}) + "\n")
+        for i, text in enumerate(PROMPTS * 3):
+            prompt = t.encode_prompt(text + " " * i)
+            ref, _ = run_to_end(t, prompt, None, GenerationConfig(max_new_tokens=20))
+            f.write(json.dumps({"id": f"r{i}", "prompt_ids": prompt, "answer_ids": ref}) + "\n")
+
+    def args(out) -> list[str]:
+        return ["train", "sdsat", "--model", t.model.config._name_or_path, "--data", str(data), "--out", str(out),
+                "--L", "3", "--rank", "2", "--alpha", "4", "--steps", "2", "--warmup", "1", "--seqs-per-step", "4",
+                "--lr", "3e-3", "--heldout-max", "0", "--ckpt-every", "100"]
+
+    assert cli.main(args(tmp_path / "one")) == 0
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    done = subprocess.run([launcher, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29521",
+                           "-m", "specdemo", *args(tmp_path / "two")], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "data parallel over 2 processes" in done.stdout
+    one = torch.load(tmp_path / "one" / "checkpoint.pt", weights_only=False)["adapter"]
+    two = torch.load(tmp_path / "two" / "checkpoint.pt", weights_only=False)["adapter"]
+    assert one.keys() == two.keys()
+    moved = max(float(v.abs().max()) for k, v in one.items() if "lora_B" in k)  # LoRA's B starts at zero
+    assert moved > 2e-3
+    for k in one:
+        assert torch.allclose(one[k], two[k], rtol=0, atol=1e-4), k

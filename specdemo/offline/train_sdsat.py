@@ -192,13 +192,17 @@ def _make_adapter(cfg: TrainConfig, target, resuming: bool, log) -> SDSATAdapter
     return adapter
 
 
-def _sequence_loss(model, adapter: SDSATAdapter, cfg: TrainConfig, r: dict, rng: random.Random) -> tuple[float, int]:
+def _sequence_loss(model, adapter: SDSATAdapter, cfg: TrainConfig, r: dict, rng: random.Random,
+                   mine: bool = True) -> tuple[float | None, int]:
     """Back-propagate one clean sequence's adaptive-chain loss (scaled for the step's average); returns the loss and
-    the number of adaptive tokens it trained (0: nothing to train on)."""
+    the number of adaptive tokens it trained (0: nothing to train on).  A sequence another data-parallel process
+    trains (`mine` False) still draws its probes, so that every process's generator stays in step."""
     seq = r["prompt_ids"] + r["answer_ids"]
     b = build_probes(seq, len(r["prompt_ids"]), cfg.L, cfg.rate, rng, cfg.max_probes, adapter.token_id)
     if b is None:
         return 0.0, 0
+    if not mine:
+        return None, len(b[0])
     logits = probe_logits(model, adapter, seq, b, grad=True)
     loss = F.cross_entropy(logits.float(), b[2].to(logits.device))
     (loss / cfg.seqs_per_step).backward()
@@ -241,6 +245,7 @@ class _Run:
     prog: _Progress = field(default_factory=_Progress)
     rng: random.Random = field(default_factory=random.Random)
     clock: train_loop.Clock = field(default_factory=train_loop.Clock)
+    ddp: train_loop.DataParallel = field(default_factory=train_loop.DataParallel)
     train_recs: list = field(default_factory=list)
     held: list = field(default_factory=list)
     order: list = field(default_factory=list)
@@ -269,6 +274,8 @@ class _Run:
 
 def train(cfg: TrainConfig, resume: bool = False, log=print) -> dict:
     train_loop.seed_everything(cfg.seed, cfg.threads)
+    ddp = train_loop.DataParallel()
+    log = log if ddp.is_main else (lambda msg: None)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     target = load_target(cfg.model, cfg.device, cfg.dtype)
@@ -276,14 +283,17 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> dict:
     ckpt = out / "checkpoint.pt"
     resumed = train_loop.load_checkpoint(ckpt) if resume else None
     run = _start(cfg, target, out, resumed, log)
+    ddp.same_parameters(run.adapter)
     if resumed is not None:
         log(f"resumed from {ckpt} at step {run.prog.step}")
     run.train_recs, run.held, run.order = _epoch(cfg, run.rng, log)
     log(f"adapter {sum(p.numel() for p in run.adapter.parameters()) / 1e6:.2f}M params; adaptive token id "
-        f"{run.adapter.token_id}")
-    if run.prog.step == 0 and run.held:
+        f"{run.adapter.token_id}" + (f"; data parallel over {ddp.world} processes" if ddp.world > 1 else ""))
+    if ddp.is_main and run.prog.step == 0 and run.held:
         run.heldout()
     _optimise(run)
+    if not ddp.is_main:
+        return {"step": run.prog.step, "heldout": None, "out": str(out)}
     if run.clock.over():
         log(f"time budget of {cfg.minutes} min reached at step {run.prog.step}")
     final = _final_heldout(run)
@@ -311,20 +321,23 @@ def _optimise(run: _Run) -> None:
     """Optimizer steps until cfg.steps or the time budget: each step accumulates the adaptive-chain loss of
     cfg.seqs_per_step sequences (a new epoch re-reads the corpus), then the cosine schedule's step; the mean loss is
     logged every 5 steps, held-out numbers taken every eval_every, checkpoints saved every ckpt_every."""
-    cfg, prog, log = run.cfg, run.prog, run.log
+    cfg, prog, log, ddp = run.cfg, run.prog, run.log, run.ddp
     win_loss, win_n, t_last = 0.0, 0, time.time()
-    while prog.step < cfg.steps and not run.clock.over():
+    while prog.step < cfg.steps and not ddp.any(run.clock.over()):
         run.opt.zero_grad(set_to_none=True)
         step_loss, step_n = 0.0, 0
-        for _ in range(cfg.seqs_per_step):
+        for j in range(cfg.seqs_per_step):  # under data parallelism, process k trains sequences k, k + N, ...
             if not run.order:
                 run.train_recs, run.held, run.order = _epoch(cfg, run.rng, log)
             r = run.order.pop()
-            loss, n_probe = _sequence_loss(run.target.model, run.adapter, cfg, r, run.rng)
+            loss, n_probe = _sequence_loss(run.target.model, run.adapter, cfg, r, run.rng,
+                                           mine=j % ddp.world == ddp.rank)
             if n_probe:
-                step_loss, step_n = step_loss + loss, step_n + 1
+                if loss is not None:  # this process's own sequence
+                    step_loss, step_n = step_loss + loss, step_n + 1
                 prog.seen_tokens += len(r["prompt_ids"]) + len(r["answer_ids"])
                 prog.probe_tokens += n_probe
+        ddp.sum_gradients(run.adapter.parameters())
         lr = train_loop.cosine_lr(prog.step, cfg.lr, cfg.warmup, cfg.steps, cfg.min_lr_ratio, run.clock.spent())
         train_loop.optimizer_step(run.opt, None, lr)
         prog.step += 1
@@ -335,8 +348,8 @@ def _optimise(run: _Run) -> None:
                 f"elapsed {run.clock.elapsed() / 60:.1f} min")
             prog.history.append({"step": prog.step, "loss": round(win_loss / win_n, 4)})
             win_loss, win_n, t_last = 0.0, 0, time.time()
-        metrics = run.heldout() if run.held and prog.step % cfg.eval_every == 0 else None
-        if prog.step % cfg.ckpt_every == 0:
+        metrics = run.heldout() if ddp.is_main and run.held and prog.step % cfg.eval_every == 0 else None
+        if ddp.is_main and prog.step % cfg.ckpt_every == 0:
             run.save(metrics)
 
 
@@ -364,21 +377,12 @@ def register_train(subparsers) -> None:
     p.add_argument("--dtype", default=d.dtype)
     p.add_argument("--out", default=d.out, help="output folder (artifact + checkpoint.pt)")
     p.add_argument("--L", type=int, default=d.L, help="adaptive chain length in training (max draft depth)")
-    p.add_argument("--rank", type=int, default=d.rank)
-    p.add_argument("--alpha", type=float, default=d.alpha)
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--warmup", type=int, default=d.warmup)
-    p.add_argument("--steps", type=int, default=d.steps)
-    p.add_argument("--seqs-per-step", type=int, default=d.seqs_per_step)
+    for name in ("rank", "alpha", "lr", "warmup", "steps", "seqs_per_step", "heldout_max", "eval_every", "ckpt_every",
+                 "seed", "threads", "max_seq"):
+        p.add_argument("--" + name.replace("_", "-"), type=type(getattr(d, name)), default=getattr(d, name))
     p.add_argument("--rate", type=float, default=d.rate, help="fraction of answer positions that start a chain")
     p.add_argument("--max-probes", type=int, default=d.max_probes, help="adaptive tokens per sequence at most")
-    p.add_argument("--heldout-max", type=int, default=d.heldout_max)
-    p.add_argument("--eval-every", type=int, default=d.eval_every)
-    p.add_argument("--ckpt-every", type=int, default=d.ckpt_every)
     p.add_argument("--minutes", type=float, default=d.minutes, help="stop (and export) after this long; 0 = off")
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--threads", type=int, default=d.threads)
-    p.add_argument("--max-seq", type=int, default=d.max_seq)
     p.add_argument("--targets", default=",".join(d.targets),
                    help="comma list of the linear layers that get LoRA (fewer = cheaper probe rows at inference)")
     p.add_argument("--init", default=d.init, help="start from this adapter (folder or hub id), e.g. the shipped one")
