@@ -2,9 +2,10 @@
 
 Speed is only ever reported as measured here, side by side: speedup = method tokens/s ÷ `ar` tokens/s of the same
 run.  tau = new tokens ÷ target forwards (AR = 1.00, the bonus token counted, as Spec-Bench does).  identical = share
-of prompts whose tokens equal AR's.  `hf` / `hf-pld` are transformers' own `generate` (greedy or sampling, and
-`prompt_lookup_num_tokens=10`) on the same inputs and the fp32 model whatever `--precision` loaded, as outside
-reference points; `llamacpp` / `llamacpp-pld` are llama.cpp on the embedded GGUF (peers.py, `make peers`).
+of prompts whose tokens equal AR's.  `hf` / `hf-pld` / `hf-static` are transformers' own `generate` (greedy or
+sampling; `prompt_lookup_num_tokens=10`; a static KV cache, which on a GPU makes `generate` compile its decoding step
+with CUDA graphs, transformers' fastest plain decoding) on the same inputs and the fp32 model whatever `--precision`
+loaded, as outside reference points; `llamacpp` / `llamacpp-pld` are llama.cpp on the embedded GGUF (peers.py, `make peers`).
 
 Prompts that carry a `group` (the Spec-Bench tasks) are also summarised per group, with the same formulas over that
 group's prompts only, because an average over tasks hides where a drafter wins and where it costs time.
@@ -28,7 +29,8 @@ from specdemo.prompts import has_groups, load_prompts, stratified
 from specdemo.sampling import SamplingConfig
 from specdemo.target import Target, add_target_args, load_target, target_from_args
 
-HF_METHODS = ("hf", "hf-pld")
+HF_METHODS = ("hf", "hf-pld", "hf-static")
+STATIC_CACHE_STEP = 1024  # hf-static's cache length: prompt + new tokens rounded up to this, so compiled shapes repeat
 
 
 def run_one(target: Target, method: str, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig,
@@ -78,6 +80,11 @@ def _run_hf(target: Target, method: str, prompt_ids: list[int], max_new_tokens: 
         kw.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or None)
     if method == "hf-pld":
         kw["prompt_lookup_num_tokens"] = 10
+    if method == "hf-static":
+        from transformers import StaticCache
+
+        length = -(-(len(prompt_ids) + max_new_tokens) // STATIC_CACHE_STEP) * STATIC_CACHE_STEP
+        kw["past_key_values"] = StaticCache(config=target.model.config, max_cache_len=length)
     target.sync()
     t0 = time.perf_counter()
     with target.lock:

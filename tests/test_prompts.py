@@ -169,3 +169,12 @@ def test_spec_bench_splits_once_into_tune_and_check_halves():
         assert len(select_prompts(half, "spec_bench:tune", None, 12)) == 12 * len(groups)
     assert all(split_of(p["id"]) == "tune" for p in tune) and split_of("x") == split_of("x")
     assert 0.4 < len(tune) / len(every) < 0.6
+
+
+def test_transformers_reference_rows_run_and_agree(tiny_llama):
+    """`hf`, `hf-pld` and `hf-static` are transformers' own generate on the same prompt: the static cache and prompt
+    lookup change how it decodes, not what (greedy)."""
+    ids = tiny_llama.encode_prompt("The quick brown fox")
+    runs = {m: bench.run_one(tiny_llama, m, ids, 12, bench.SamplingConfig()) for m in bench.HF_METHODS}
+    assert len(runs["hf"]["tokens"]) == 12
+    assert runs["hf-static"]["tokens"] == runs["hf"]["tokens"] == runs["hf-pld"]["tokens"]
