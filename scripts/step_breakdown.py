@@ -3,7 +3,7 @@
 
     python scripts/step_breakdown.py [--precisions fp32,bf16,int4] [--context 256] [--repeats 20]
 
-The whole step is `engine.trial_forward` with no draft (a one-token verification after `context` tokens, the LM head
+The whole step is `verify.trial_forward` with no draft (a one-token verification after `context` tokens, the LM head
 included); the linears and the head are the model's own modules fed the step's shapes in a loop (one row each, in the
 order a step calls them), so "the rest" is the step minus both.  Fastest of `repeats`, alone on the machine.
 """
@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from specdemo.engine import prefilled_cache, trial_forward
+from specdemo.verify import prefilled_cache, trial_forward
 from specdemo.precision import Int4Linear
 from specdemo.target import load_target
 from specdemo.tree import DraftTree

@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from specdemo.engine import prefilled_cache, trial_forward
+from specdemo.verify import prefilled_cache, trial_forward
 from specdemo.target import load_target
 from specdemo.tree import DraftTree
 

@@ -23,7 +23,7 @@ import torch
 
 from specdemo.calibration import available as calibration_available
 from specdemo.calibration import load as load_calibration
-from specdemo.engine import prefilled_cache, trial_forward
+from specdemo.verify import prefilled_cache, trial_forward
 from specdemo.tree import DraftTree
 
 GPU_BUDGET = 64  # REST's paper budget; on a GPU a 64-node verification costs about a 1-token step
@@ -88,7 +88,7 @@ CURVES = "verify_cost_curves"  # the key of {sizes: curve} in Target.artifacts
 
 @torch.no_grad()
 def verify_cost_curve(target, sizes=DEFAULT_SIZES, repeats: int = 5, context: int = 256) -> dict[int, float]:
-    """Fastest of `repeats` timings of one verification (`engine.trial_forward`: the forward over root + a chain of n
+    """Fastest of `repeats` timings of one verification (`verify.trial_forward`: the forward over root + a chain of n
     draft nodes and the LM head over all of those rows, whose cost grows with n as well) for each n in `sizes`, after
     `context` committed tokens.  Measured once per loaded model and kept on it (or pinned
     by `pin_cost_curves`); sizes are interleaved across repeats and the minimum is kept, so a busy spell (which only

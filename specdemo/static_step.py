@@ -130,10 +130,19 @@ class StaticSteps:
 
     def forward(self, ids: list[int], tree: TreeBuffers, past: int) -> torch.Tensor:
         """One verification forward over [root] + tree padded to its bucket: the final normed hidden states
-        (rows, d), whose first tree.n rows are the real ones.  The decoder call is what a graph would capture."""
+        (rows, d), whose first tree.n rows are the real ones."""
+        return self.run(self.prepare(ids, tree, past))
+
+    def prepare(self, ids: list[int], tree: TreeBuffers, past: int) -> StepInputs:
+        """Write a step's inputs into its bucket's buffers and point the cache at the rows' slots."""
         step = self._last = self.step_inputs(tree.n - 1)
         step.fill(ids, tree, past)
         self.cache.write_to(step.slots)
+        return step
+
+    def run(self, step: StepInputs) -> torch.Tensor:
+        """The decoder over a prepared bucket: it reads only the bucket's buffers and the cache, so it is what a CUDA
+        graph captures (cuda_graphs.py)."""
         out = self.target.decoder(input_ids=step.ids, attention_mask=step.mask, position_ids=step.positions,
                                   past_key_values=self.cache, use_cache=True)
         return out.last_hidden_state[0]
@@ -147,7 +156,7 @@ class StaticSteps:
 
 def static_trial(target: Target, ctx: list[int], tree: DraftTree) -> torch.Tensor:
     """Logits (1 + len(tree), vocab) of one static-shape verification of [ctx[-1]] + tree after ctx[:-1], padded by a
-    dummy row, with random entries of the cache's own scale in every free slot: `engine.check_tree_support` compares
+    dummy row, with random entries of the cache's own scale in every free slot: `verify.check_tree_support` compares
     them with sequential forwards to prove that the model honours the padded mask (no real row sees a dummy or a
     stale slot)."""
     steps = StaticSteps(target, len(ctx), len(tree) + 1, buckets=())

@@ -16,7 +16,8 @@ from specdemo.drafters.sdsat.adapter import (
     load_adapter,
 )
 from specdemo.drafters.sdsat.drafter import SDSATDrafter
-from specdemo.engine import GenerationConfig, run_to_end, tree_forward
+from specdemo.engine import GenerationConfig, run_to_end
+from specdemo.verify import tree_forward
 from specdemo.kvcache import KVCache
 from specdemo.offline.corpus import read_records
 from specdemo.offline.train_sdsat import (

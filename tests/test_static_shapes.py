@@ -12,7 +12,8 @@ from conftest import OracleDrafter
 
 import specdemo.engine as engine
 from specdemo.drafters import make_drafter
-from specdemo.engine import GenerationConfig, check_tree_support, prefilled_cache, run_to_end, trial_forward
+from specdemo.engine import GenerationConfig, run_to_end
+from specdemo.verify import check_tree_support, prefilled_cache, trial_forward
 from specdemo.sampling import SamplingConfig
 from specdemo.static_step import STATIC_BUCKETS, StaticSteps, buckets_for, wanted
 from specdemo.target import UnsupportedForTree
