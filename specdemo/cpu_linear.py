@@ -88,7 +88,14 @@ def use_packed_linears(model: torch.nn.Module, max_bytes: int | None = None, dra
     return len(linears)
 
 
+NATIVE_BF16_ENV = "SPECDEMO_NATIVE_BF16"  # 0: run as on a CPU without native bf16 (every bf16 path off)
+
+
 def bf16_available() -> bool:
+    """Whether this CPU has native bf16 (AVX-512 bf16 or AMX) for oneDNN; SPECDEMO_NATIVE_BF16=0 answers no, so that a
+    machine that has it can measure how the project runs on one that has not (AVX-512/AVX2 fp32 kernels only)."""
+    if os.environ.get(NATIVE_BF16_ENV, "").strip() in ("0", "false", "no"):
+        return False
     return available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 

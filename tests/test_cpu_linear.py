@@ -87,6 +87,21 @@ def test_draft_precision_packs_bf16_and_keeps_fp32_io():
     assert all(torch.equal(v, keys[k]) for k, v in model.state_dict().items())
 
 
+def test_a_cpu_without_native_bf16_drafts_in_fp32_and_refuses_reduced_precisions(monkeypatch):
+    """SPECDEMO_NATIVE_BF16=0 runs the project as on a CPU without native bf16: drafting linears stay fp32, and the
+    bf16 and int4 precisions are refused with a message naming what to use."""
+    from specdemo.precision import apply_precision, default_precision
+
+    monkeypatch.setenv("SPECDEMO_NATIVE_BF16", "0")
+    model = _model()
+    assert use_packed_linears(model, draft_precision=True)
+    assert not any(m.bf16 for m in model.modules() if isinstance(m, PackedLinear))
+    assert default_precision() == "fp32"
+    for precision in ("bf16", "int4"):
+        with pytest.raises(ValueError, match="native bf16.*use fp32"):
+            apply_precision(_model(), precision)
+
+
 def test_opt_out_and_memory_guard(monkeypatch):
     monkeypatch.setenv("SPECDEMO_PACKED_LINEAR", "0")
     assert use_packed_linears(_model()) == 0
