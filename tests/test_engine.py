@@ -8,17 +8,12 @@ import torch
 from conftest import OracleDrafter
 
 from specdemo.drafters import make_drafter
-from specdemo.engine import (
-    Drafter,
-    GenerationConfig,
-    check_tree_support,
-    run_to_end,
-    tree_forward,
-)
+from specdemo.engine import Drafter, GenerationConfig, run_to_end
 from specdemo.kvcache import KVCache
 from specdemo.sampling import SamplingConfig, choose_tokens, filter_logits
 from specdemo.target import ModelLoadError, UnsupportedForTree, load_target
 from specdemo.tree import DepthTally, DraftTree, TreeBuffers, ancestor_mask, path_to
+from specdemo.verify import check_tree_support, tree_forward
 
 PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number.",

@@ -7,15 +7,7 @@ import pytest
 import torch
 
 from conftest import OracleDrafter
-from specdemo.engine import (
-    GenerationConfig,
-    check_tree_support,
-    generate,
-    prefilled_cache,
-    run_to_end,
-    tree_forward,
-    trial_forward,
-)
+from specdemo.engine import GenerationConfig, generate, run_to_end
 from specdemo.precision import (
     DECODER_LINEARS,
     GROUP,
@@ -31,6 +23,7 @@ from specdemo.precision import (
 from specdemo.sampling import SamplingConfig
 from specdemo.target import ModelLoadError, load_target
 from specdemo.tree import DraftTree, TreeBuffers
+from specdemo.verify import check_tree_support, prefilled_cache, trial_forward, tree_forward
 
 needs_int4 = pytest.mark.skipif(not int4_available(), reason="no int4 CPU kernel or no native bf16 on this CPU")
 

@@ -100,7 +100,7 @@ def unrolled_losses(heads: S4CHeads, ids: torch.Tensor, feats: torch.Tensor, len
         loss_h = weights[0] * ce + weights[1] * soft_ce + weights[2] * l1
         total = total + head_weights[min(h, len(head_weights) - 1)] * loss_h
         m, prev_ok = _hits(logits.detach(), lab, valid, prev_ok, topk)
-        metrics.append(dict(m, ce=float(ce), soft=float(soft_ce), l1=float(l1)))
+        metrics.append(dict(m, ce=ce.item(), soft=soft_ce.item(), l1=l1.item()))
     return total, metrics
 
 
