@@ -196,3 +196,20 @@ def test_every_default_tree_fits_the_engines_cap():
         for device, size in by_device.items():
             for nodes in (size.budget, size.dynamic_cap):
                 assert nodes is None or nodes <= cap, (method, device, nodes)
+
+
+def test_the_cost_curve_script_measures_a_random_model_from_its_shape_alone():
+    """scripts/verify_cost_curve.py --random: a Llama of a named shape, random weights, no download (a GPU run reads
+    the curves of 1B and 8B targets this way); here the tiny shape on the CPU."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "verify_cost_curve.py"
+    out = subprocess.run([sys.executable, str(script), "--random", "tiny", "--dtype", "float32", "--sizes", "0,2,8",
+                          "--repeats", "1", "--context", "20"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-1000:]
+    row = json.loads(out.stdout.strip().splitlines()[-1])
+    assert row["model"] == "random tiny" and row["dtype"] == "float32"
+    assert set(row["ms"]) == {"0", "2", "8"} and row["relative"]["0"] == 1.0 and all(v > 0 for v in row["ms"].values())
