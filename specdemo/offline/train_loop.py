@@ -119,7 +119,8 @@ class DataParallel:
             return flag
         from accelerate.utils import reduce
 
-        return bool(reduce(torch.tensor([float(flag)]), reduction="sum").item() > 0)
+        flags = torch.tensor([float(flag)], device=self.state.device)  # NCCL reduces CUDA tensors only
+        return bool(reduce(flags, reduction="sum").item() > 0)
 
 
 def save_checkpoint(path: Path, state: dict) -> None:
