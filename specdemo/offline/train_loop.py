@@ -86,6 +86,10 @@ class DataParallel:
         self.rank, self.world = self.state.process_index, self.state.num_processes
         self.is_main = self.state.is_main_process
 
+    def device(self, asked: str | None) -> str | None:
+        """The device to load on: as asked, else this process's own when there are several (one GPU each)."""
+        return asked or (str(self.state.device) if self.world > 1 else None)
+
     def share(self, batch: list) -> list:
         """This process's share of a global batch (every world-th item)."""
         return batch[self.rank :: self.world]

@@ -250,7 +250,7 @@ def train(args) -> int:
     command = train_loop.command_line()
     log(f"command: {command}" + (f" (data parallel over {ddp.world} processes)" if ddp.world > 1 else ""))
     clock = train_loop.Clock(args.minutes)  # the budget counts the feature extraction too
-    target = load_target(args.model, device=args.device, dtype="float32")  # features as the CPU demo computes them
+    target = load_target(args.model, device=ddp.device(args.device), dtype="float32")  # the CPU demo's features
     data = _read_data(args, log)
     if data is None:
         return 1

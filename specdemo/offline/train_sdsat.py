@@ -278,7 +278,7 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> dict:
     log = log if ddp.is_main else (lambda msg: None)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    target = load_target(cfg.model, cfg.device, cfg.dtype)
+    target = load_target(cfg.model, ddp.device(cfg.device), cfg.dtype)
     target.model.requires_grad_(False)
     ckpt = out / "checkpoint.pt"
     resumed = train_loop.load_checkpoint(ckpt) if resume else None
