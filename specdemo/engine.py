@@ -28,7 +28,7 @@ from specdemo import cuda_graphs
 from specdemo.kvcache import KVCache
 from specdemo.sampling import SamplingConfig, choose_tokens
 from specdemo.static_step import STATIC_BUCKETS, StaticSteps, wanted
-from specdemo.target import Target, UnsupportedForTree
+from specdemo.target import Target, UnsupportedForTree, decoder_features
 from specdemo.tree import DraftTree, TreeBuffers
 from specdemo.verify import check_tree_support, tree_forward
 
@@ -60,7 +60,8 @@ class Verified:
     buffers: TreeBuffers
     accepted_nodes: list[int]  # tree node indices (0-based, root excluded) on the accepted path
     tokens: list[int]  # committed this step: accepted draft tokens + the target's own token
-    hidden: torch.Tensor  # (1 + len(accepted_nodes), d): target features of the root and the accepted nodes
+    hidden: torch.Tensor  # (1 + len(accepted_nodes), d): target features of the root and the accepted nodes (wider
+    # with the drafter's feature_layers)
     probe_hidden: dict[int, torch.Tensor]  # node index -> feature, for probe nodes
     logits: torch.Tensor | None = None  # (1 + len(tree), vocab): the target's logits of the root (row 0) and every node
 
@@ -70,12 +71,16 @@ class Drafter:
 
     needs_hidden -- the engine passes the target's last hidden states of the prompt (to `begin`) and of every
                     accepted token (to `observe`), as S4C-style draft heads need.
+    feature_layers -- decoder layers (hidden-state indices: 1 = after the first layer) whose states the drafter also
+                    wants: what it is handed is then those layers' states and the last ones side by side,
+                    (rows, (len + 1) * d), the last hidden states last (target.decoder_features).
     verify_context -- a context manager wrapped around the verification forward (SDSAT uses it to switch its
                     adapter on at probe positions only).
     """
 
     name = "none"
     needs_hidden = False
+    feature_layers: tuple[int, ...] = ()
 
     def begin(self, state: DecodeState, prompt_hidden: torch.Tensor | None) -> None:
         pass
@@ -218,8 +223,9 @@ def _prefill(target: Target, prompt_ids: list[int], drafter: Drafter, cfg: Gener
     """Prefill everything but the root (the invariant), then let the drafter begin; it may want the prompt's
     features."""
     state = DecodeState(list(prompt_ids), len(prompt_ids), cfg.max_new_tokens, cfg.sampling, target)
-    steps = StaticSteps(target, len(prompt_ids) + cfg.max_new_tokens, cfg.max_tree_nodes, cfg.static_buckets) \
-        if static else None
+    layers = tuple(drafter.feature_layers)
+    steps = StaticSteps(target, len(prompt_ids) + cfg.max_new_tokens, cfg.max_tree_nodes, cfg.static_buckets,
+                        layers) if static else None
     if steps is not None and cuda_graphs.wanted(cfg.cuda_graphs, target.device):
         steps = cuda_graphs.GraphedSteps(steps)
     cache = steps.cache if steps else KVCache(capacity=len(prompt_ids) + cfg.max_new_tokens + cfg.max_tree_nodes + 2)
@@ -228,8 +234,8 @@ def _prefill(target: Target, prompt_ids: list[int], drafter: Drafter, cfg: Gener
         prompt_hidden = None
         if len(prompt_ids) > 1:
             out = target.decoder(input_ids=torch.tensor([prompt_ids[:-1]], device=target.device),
-                                 past_key_values=cache, use_cache=True)
-            prompt_hidden = out.last_hidden_state[0]
+                                 past_key_values=cache, use_cache=True, output_hidden_states=bool(layers))
+            prompt_hidden = decoder_features(out, layers)
         target.sync()
         prefill_s = time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -258,8 +264,9 @@ def _verify(target: Target, drafter: Drafter, run: _Run, tree: DraftTree) -> tup
     buf = TreeBuffers.build(tree, root_pos, target.device)
     ids = state.tokens[-1:] + tree.tokens
     with drafter.verify_context(tree, buf):
-        hidden = run.static.forward(ids, buf, past)[: buf.n] if run.static else tree_forward(target, cache, ids, buf)
-    logits = target.lm_head(hidden)
+        hidden = run.static.forward(ids, buf, past)[: buf.n] if run.static else \
+            tree_forward(target, cache, ids, buf, tuple(drafter.feature_layers))
+    logits = target.lm_head(hidden[:, -target.model.config.hidden_size:])  # the last hidden states
     # one target choice per tree position; the position of the chosen token is the node's position + 1
     choice = choose_tokens(logits, [root_pos + 1 + d for d in buf.depth.tolist()], state.sampling)
     path, node = [], 0

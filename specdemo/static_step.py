@@ -36,7 +36,7 @@ from typing import Sequence
 import torch
 
 from specdemo.kvcache import KVCache
-from specdemo.target import Target
+from specdemo.target import Target, decoder_features
 from specdemo.tree import DraftTree, TreeBuffers
 
 STATIC_BUCKETS: tuple[int, ...] = (0, 4, 8, 16, 32, 64)  # tree nodes; the forward sees one row more (the root)
@@ -113,8 +113,8 @@ class StaticSteps:
     """
 
     def __init__(self, target: Target, committed_max: int, max_nodes: int,
-                 buckets: Sequence[int] = STATIC_BUCKETS) -> None:
-        self.target = target
+                 buckets: Sequence[int] = STATIC_BUCKETS, layers: tuple[int, ...] = ()) -> None:
+        self.target, self.layers = target, tuple(layers)  # layers: the drafter's declared features
         self.buckets = buckets_for(max_nodes, buckets)
         self.cache = KVCache(committed_max + self.buckets[-1] + 2, static=True)
         self.inputs: dict[int, StepInputs] = {}
@@ -144,8 +144,8 @@ class StaticSteps:
         """The decoder over a prepared bucket: it reads only the bucket's buffers and the cache, so it is what a CUDA
         graph captures (cuda_graphs.py)."""
         out = self.target.decoder(input_ids=step.ids, attention_mask=step.mask, position_ids=step.positions,
-                                  past_key_values=self.cache, use_cache=True)
-        return out.last_hidden_state[0]
+                                  past_key_values=self.cache, use_cache=True, output_hidden_states=bool(self.layers))
+        return decoder_features(out, self.layers)
 
     def keep(self, start: int, src: list[int]) -> None:
         """After the last forward: keep the entries at slots `src` (increasing), moved to start..; drop the rest."""

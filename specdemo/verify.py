@@ -11,12 +11,13 @@ import torch
 from specdemo.kvcache import KVCache
 from specdemo.precision import rows_invariant
 from specdemo.static_step import static_trial
-from specdemo.target import Target, UnsupportedForTree
+from specdemo.target import Target, UnsupportedForTree, decoder_features
 from specdemo.tree import DraftTree, TreeBuffers
 
 
-def tree_forward(target: Target, cache: KVCache, ids: list[int], buf: TreeBuffers) -> torch.Tensor:
-    """One target forward over [root] + tree nodes; returns the final normed hidden states (n, d) of those positions."""
+def tree_forward(target: Target, cache: KVCache, ids: list[int], buf: TreeBuffers,
+                 layers: tuple[int, ...] = ()) -> torch.Tensor:
+    """One target forward over [root] + tree nodes; returns the `decoder_features` of those positions."""
     past = cache.get_seq_length()
     mask = buf.attention_mask(past, target.dtype) if buf.n > 1 else None
     out = target.decoder(
@@ -25,8 +26,9 @@ def tree_forward(target: Target, cache: KVCache, ids: list[int], buf: TreeBuffer
         position_ids=buf.positions.unsqueeze(0),
         past_key_values=cache,
         use_cache=True,
+        output_hidden_states=bool(layers),
     )
-    return out.last_hidden_state[0]
+    return decoder_features(out, layers)
 
 
 def prefilled_cache(target: Target, ids: list[int], room: int) -> KVCache:

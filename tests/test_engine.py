@@ -465,3 +465,47 @@ def test_a_target_outside_fp32_says_so(tiny_llama):
     asked = precision_note(torch.float16, "float16")
     assert "as asked" in asked and "near-ties" in asked
     assert _param_count(tiny_llama.model.config._name_or_path) == tiny_llama.n_params
+
+
+class _LayerProbe(Drafter):
+    """Declares decoder layers and records the features it is handed; drafts the known continuation (3 tokens, the
+    third wrong) so that steps accept paths."""
+
+    name = "layer-probe"
+    needs_hidden = True
+    feature_layers = (1, 2)
+
+    def __init__(self, reference: list[int]):
+        self.reference, self.prompt_hidden, self.seen = reference, None, []
+
+    def begin(self, state, prompt_hidden):
+        self.prompt_hidden = prompt_hidden
+
+    def propose(self, state):
+        done = len(state.generated)
+        return DraftTree.chain(self.reference[done : done + 2] + [0])
+
+    def observe(self, state, verified):
+        positions = len(state.tokens) - len(verified.tokens) - 1 + torch.arange(len(verified.hidden))
+        self.seen.append((positions, verified.hidden))
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_declared_feature_layers_reach_the_drafter(tiny_llama, static):
+    """A drafter declaring layers gets those layers' states beside the last ones, for the prompt and every accepted
+    position, equal to one plain forward's hidden states there; the output stays AR's."""
+    t, d = tiny_llama, tiny_llama.model.config.hidden_size
+    ids = t.encode_prompt("The first features of a tree")
+    cfg = GenerationConfig(max_new_tokens=16, static_shapes=static)
+    ref, _ = run_to_end(t, ids, None, cfg)
+    probe = _LayerProbe(ref)
+    out, events = run_to_end(t, ids, probe, cfg)
+    assert out == ref and any(e.accepted for e in events)
+    with torch.no_grad():
+        full = t.decoder(input_ids=torch.tensor([ids + out]), output_hidden_states=True)
+    want = torch.cat([full.hidden_states[1][0], full.hidden_states[2][0], full.last_hidden_state[0]], -1)
+    assert probe.prompt_hidden.shape == (len(ids) - 1, 3 * d)
+    torch.testing.assert_close(probe.prompt_hidden, want[: len(ids) - 1], rtol=1e-4, atol=1e-4)
+    for positions, hidden in probe.seen:
+        assert hidden.shape == (len(positions), 3 * d)
+        torch.testing.assert_close(hidden, want[positions], rtol=1e-4, atol=1e-4)
