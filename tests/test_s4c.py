@@ -161,7 +161,7 @@ def test_training_loss_falls(tiny_llama, tmp_path):
         intermediate_size=64, draft_vocab=512, steps=30, epochs=1, minutes=0, batch_size=3, lr=3e-3,
         weight_decay=0.0, warmup=2, noise=0.0, loss_weights=[0.1, 1.0, 1.0], max_prompt=16, max_len=64,
         heldout_max=0, seed=0, log_every=10, eval_every=1000, ckpt_every=15, resume=True,
-        feature_cache=str(tmp_path / "fc"), threads=0, init=None, first=[0])
+        feature_cache=str(tmp_path / "fc"), threads=0, init=None, first=[0], feature_layers=[])
     records = s4c.read_records([str(data)])
     # --first: the first N records of each file (one number per file or one for all), 0 = all
     assert [r["id"] for r in s4c.read_records([str(data), str(data)], [2, 0])] == ["r0", "r1"] + [r["id"] for r in recs]
@@ -173,7 +173,7 @@ def test_training_loss_falls(tiny_llama, tmp_path):
     heads = S4CHeads(target, 3, 64, s4c.build_draft_vocab(records, 512, target.lm_head.weight.shape[0], [0]))
     heads.train()
     opt = torch.optim.AdamW(heads.parameters(), lr=3e-3)
-    ids, ft, lens, starts = s4c._collate(records, feats, 16, 64, torch.float32, "cpu")
+    ids, ft, lens, starts = s4c.collate(records, feats, 16, 64, torch.float32, "cpu")
     first = last = None
     for step in range(60):
         loss, ms = unrolled_losses(heads, ids, ft, lens, starts)
@@ -302,3 +302,46 @@ def test_accelerate_launch_with_two_processes_trains_the_heads_one_process_train
     # processes' different summation order (~1e-6 after one step, ~1e-5 after two, ~1e-3 after six)
     for k in one:
         assert torch.allclose(one[k], two[k], rtol=0, atol=1e-4), k
+
+
+def test_fused_feature_heads_train_save_and_draft_losslessly(tiny_llama, tmp_path):
+    """EAGLE-3-style fused features: head 1 reads a projection of a declared layer's state and the last hidden state
+    side by side.  It starts as the plain heads (the projection passes the last state through), trains on the wide
+    features, keeps its layers through save and load, and the drafter it makes declares them to the engine, gets
+    the wide features and drafts losslessly."""
+    from specdemo.offline import train_s4c as s4c
+    from specdemo.offline.s4c_data import extract_features
+
+    t, d = tiny_llama, tiny_llama.model.config.hidden_size
+    rng = torch.Generator().manual_seed(0)
+    records = []
+    for i in range(6):
+        base = torch.randint(100, 400, (8,), generator=rng).tolist()
+        records.append({"id": f"r{i}", "ids": base[:4] + (base * 6)[:40], "start": 4})
+    feats = extract_features(t, records, tmp_path / "f.pt", 16, log=lambda m: None, layers=(1,))
+    assert next(iter(feats.values())).shape[-1] == 2 * d
+    vocab = s4c.build_draft_vocab(records, 512, t.lm_head.weight.shape[0], [0])
+    plain, fused = S4CHeads(t, 3, 64, vocab), S4CHeads(t, 3, 64, vocab, feature_layers=(1,))
+    fused.load_state_dict(plain.state_dict(), strict=False)
+    ids, ft, lens, starts = s4c.collate(records, feats, 16, 64, torch.float32, "cpu")
+    with torch.no_grad():  # the fresh projection passes the last hidden state through
+        torch.testing.assert_close(unrolled_losses(fused, ids, ft, lens, starts)[0],
+                                   unrolled_losses(plain, ids, ft[..., -d:], lens, starts)[0])
+    opt = torch.optim.AdamW(fused.parameters(), lr=3e-3)
+    first = None
+    for _ in range(40):
+        loss, _ = unrolled_losses(fused, ids, ft, lens, starts)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        first = first if first is not None else float(loss)
+    assert float(loss) < 0.7 * first
+    save_heads(fused, tmp_path / "h")
+    back = load_heads(t, tmp_path / "h")
+    assert back.feature_layers == (1,) and torch.allclose(back.fuse.weight.float(), fused.fuse.weight, atol=1e-2)
+    drafter = make_drafter("s4c", t, heads=str(tmp_path / "h"), dynamic=False)
+    assert drafter.feature_layers == (1,)
+    prompt = t.encode_prompt("The first features of a tree")
+    ref, _ = run_to_end(t, prompt, None, GenerationConfig(max_new_tokens=24))
+    out, _ = run_to_end(t, prompt, drafter, GenerationConfig(max_new_tokens=24))
+    assert out == ref and drafter.features.shape[-1] == 2 * d

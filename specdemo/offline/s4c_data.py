@@ -14,7 +14,7 @@ import torch
 
 from specdemo.artifacts import architecture_hash
 from specdemo.offline import corpus
-from specdemo.target import cache_root
+from specdemo.target import cache_root, decoder_features
 
 
 def read_records(paths: list[str], first: list[int] | None = None) -> list[dict]:
@@ -36,8 +36,10 @@ def record_key(ids: list[int]) -> str:
 
 
 @torch.no_grad()
-def extract_features(target, records: list[dict], cache_file: Path, max_prompt: int, log=print) -> dict[str, torch.Tensor]:
-    """Teacher-forced target features (fp16) of every record, one target forward per record, cached on disk."""
+def extract_features(target, records: list[dict], cache_file: Path, max_prompt: int, log=print,
+                     layers: tuple[int, ...] = ()) -> dict[str, torch.Tensor]:
+    """Teacher-forced target features (fp16) of every record, one target forward per record, cached on disk: the
+    last hidden states, with `layers` those layers' states beside them (target.decoder_features)."""
     feats: dict[str, torch.Tensor] = {}
     if cache_file.exists():
         try:
@@ -51,7 +53,7 @@ def extract_features(target, records: list[dict], cache_file: Path, max_prompt: 
     t0, done_tok, last_save = time.time(), 0, time.time()
     for i, r in enumerate(todo):
         ids = torch.tensor([r["ids"]], device=target.device)
-        h = target.decoder(input_ids=ids).last_hidden_state[0]
+        h = decoder_features(target.decoder(input_ids=ids, output_hidden_states=bool(layers)), layers)
         feats[record_key(r["ids"])] = h.to(torch.float16).cpu()
         done_tok += len(r["ids"])
         if time.time() - last_save > 120 or i == len(todo) - 1:
@@ -76,7 +78,39 @@ def build_draft_vocab(records: list[dict], size: int, vocab_size: int, always: l
     return torch.sort(top).values
 
 
-def feature_cache(target, folder: str | None = None) -> Path:
-    """One feature file per target model and dtype (features are the target's, whatever the heads)."""
+def feature_cache(target, folder: str | None = None, layers: tuple[int, ...] = ()) -> Path:
+    """One feature file per target model, dtype and set of layers (features are the target's, whatever the heads)."""
     key = f"{target.identity}-{architecture_hash(target.model.config)}-{str(target.dtype).split('.')[-1]}"
+    key += "".join(f"-L{i}" for i in layers)
     return Path(folder or cache_root() / "s4c-features") / f"{key}.pt"
+
+
+def valid_counts(lens: torch.Tensor, starts: torch.Tensor, n_heads: int) -> list[int]:
+    """Per head, the positions of a batch that carry a loss (see `unrolled_losses`'s `valid`): head h (k = h + 1)
+    predicts answer tokens k + 1 .. len - 1 positions ahead of the sequence start."""
+    return [int((lens - torch.maximum(starts, torch.full_like(starts, h + 2))).clamp_min(0).sum())
+            for h in range(n_heads)]
+
+
+def _crop(r: dict, max_prompt: int, max_len: int) -> tuple[int, int, int]:
+    """Where a record's training window starts in its ids, its length and its answer's start inside it."""
+    s = max(0, r["start"] - max_prompt)
+    return s, min(len(r["ids"]) - s, max_len), r["start"] - s
+
+
+def batch_counts(batch: list[dict], max_prompt: int, max_len: int, n_heads: int) -> list[int]:
+    """`valid_counts` of a whole (global) batch, from the records alone."""
+    lens, starts = zip(*[_crop(r, max_prompt, max_len)[1:] for r in batch])
+    return valid_counts(torch.tensor(lens), torch.tensor(starts), n_heads)
+
+
+def collate(batch: list[dict], feats: dict, max_prompt: int, max_len: int, dtype, dev):
+    crops = [_crop(r, max_prompt, max_len) for r in batch]
+    T, d = max(n for _, n, _ in crops), feats[record_key(batch[0]["ids"])].shape[-1]
+    ids = torch.zeros(len(batch), T, dtype=torch.long)
+    ft = torch.zeros(len(batch), T, d, dtype=dtype)
+    for i, (r, (s, n, _)) in enumerate(zip(batch, crops)):
+        ids[i, :n] = torch.tensor(r["ids"][s : s + n])
+        ft[i, :n] = feats[record_key(r["ids"])][s : s + n].to(dtype)
+    lens, starts = (torch.tensor(x) for x in list(zip(*crops))[1:])
+    return ids.to(dev), ft.to(dev), lens.to(dev), starts.to(dev)

@@ -35,23 +35,18 @@ from specdemo.drafters.s4c.heads import (
 )
 from specdemo.offline import corpus, train_loop
 from specdemo.offline.s4c_data import (
+    batch_counts,
     build_draft_vocab,
+    collate,
     extract_features,
     feature_cache,
     read_records,
-    record_key,
+    valid_counts,
 )
 from specdemo.target import load_target
 
 
 # ---------------------------------------------------------------------------------------------------------- training
-def valid_counts(lens: torch.Tensor, starts: torch.Tensor, n_heads: int) -> list[int]:
-    """Per head, the positions of a batch that carry a loss (see `unrolled_losses`'s `valid`): head h (k = h + 1)
-    predicts answer tokens k + 1 .. len - 1 positions ahead of the sequence start."""
-    return [int((lens - torch.maximum(starts, torch.full_like(starts, h + 2))).clamp_min(0).sum())
-            for h in range(n_heads)]
-
-
 def unrolled_losses(heads: S4CHeads, ids: torch.Tensor, feats: torch.Tensor, lens: torch.Tensor, starts: torch.Tensor,
                     weights=(0.1, 1.0, 1.0), head_weights=(1.0, 0.8, 0.6), noise: float = 0.0, topk: int = 3,
                     counts: list[int] | None = None):
@@ -84,7 +79,7 @@ def unrolled_losses(heads: S4CHeads, ids: torch.Tensor, feats: torch.Tensor, len
             continue
         b_i, t_i = valid.nonzero(as_tuple=True)
         gi = g[b_i, t_i]
-        fi = feats[b_i, t_i + k]
+        fi = feats[b_i, t_i + k, -heads.d :]  # the last hidden state (the features may carry more layers)
         logits = gi @ w_lm.T
         with torch.no_grad():
             tlogits = fi @ w_lm.T
@@ -118,30 +113,6 @@ def _hits(logits: torch.Tensor, lab: torch.Tensor, valid: torch.Tensor, prev_ok:
                 cond_hit=int((chain & cond_den).sum())), chain
 
 
-def _crop(r: dict, max_prompt: int, max_len: int) -> tuple[int, int, int]:
-    """Where a record's training window starts in its ids, its length and its answer's start inside it."""
-    s = max(0, r["start"] - max_prompt)
-    return s, min(len(r["ids"]) - s, max_len), r["start"] - s
-
-
-def batch_counts(batch: list[dict], max_prompt: int, max_len: int, n_heads: int) -> list[int]:
-    """`valid_counts` of a whole (global) batch, from the records alone."""
-    lens, starts = zip(*[_crop(r, max_prompt, max_len)[1:] for r in batch])
-    return valid_counts(torch.tensor(lens), torch.tensor(starts), n_heads)
-
-
-def _collate(batch: list[dict], feats: dict, max_prompt: int, max_len: int, dtype, dev):
-    crops = [_crop(r, max_prompt, max_len) for r in batch]
-    T, d = max(n for _, n, _ in crops), feats[record_key(batch[0]["ids"])].shape[-1]
-    ids = torch.zeros(len(batch), T, dtype=torch.long)
-    ft = torch.zeros(len(batch), T, d, dtype=dtype)
-    for i, (r, (s, n, _)) in enumerate(zip(batch, crops)):
-        ids[i, :n] = torch.tensor(r["ids"][s : s + n])
-        ft[i, :n] = feats[record_key(r["ids"])][s : s + n].to(dtype)
-    lens, starts = (torch.tensor(x) for x in list(zip(*crops))[1:])
-    return ids.to(dev), ft.to(dev), lens.to(dev), starts.to(dev)
-
-
 def _sum_metrics(acc: list, ms: list) -> list:
     if not acc:
         acc = [dict() for _ in ms]
@@ -170,7 +141,7 @@ def evaluate(heads, records, feats, args, dev) -> dict:
     acc: list = []
     for i in range(0, len(records), args.batch_size):
         batch = records[i : i + args.batch_size]
-        ids, ft, lens, starts = _collate(batch, feats, args.max_prompt, args.max_len, torch.float32, dev)
+        ids, ft, lens, starts = collate(batch, feats, args.max_prompt, args.max_len, torch.float32, dev)
         _, ms = unrolled_losses(heads, ids, ft, lens, starts, tuple(args.loss_weights))
         acc = _sum_metrics(acc, ms)
     heads.train()
@@ -199,7 +170,9 @@ def _make_heads(args, target, records: list[dict], resumed: dict | None, log) ->
     else:
         special = sorted(target.eos_ids) + list(getattr(target.tokenizer, "all_special_ids", []) or [])
         draft_vocab = build_draft_vocab(records, args.draft_vocab, target.lm_head.weight.shape[0], special)
-    heads = S4CHeads(target, args.n_heads, args.intermediate_size, draft_vocab).to(target.device)
+    heads = S4CHeads(target, args.n_heads, args.intermediate_size, draft_vocab, args.feature_layers).to(target.device)
+    if init is not None and init.feature_layers != heads.feature_layers:
+        raise ValueError(f"--init heads read layers {list(init.feature_layers)}: pass --feature-layers with those")
     if init is not None:
         heads.load_state_dict({k: v.float() for k, v in init.state_dict().items()}, strict=False)
         log(f"initialised from the heads in {args.init}")
@@ -259,9 +232,10 @@ def train(args) -> int:
     total_steps = args.steps or args.epochs * math.ceil(len(data.train) / args.batch_size)
     if resumed is not None and not args.steps:
         total_steps = max(total_steps, resumed.get("total_steps", 0))
+    layers = tuple(args.feature_layers)
     with ddp.state.main_process_first():  # the main process computes and caches the features; the others read them
         feats = extract_features(target, (data.train if total_steps else []) + data.held,
-                                 feature_cache(target, args.feature_cache), args.max_prompt, log)
+                                 feature_cache(target, args.feature_cache, layers), args.max_prompt, log, layers)
     run = _start(args, target, data, resumed, total_steps, log)
     ddp.same_parameters(run.heads)
     if resumed is not None:
@@ -337,7 +311,7 @@ def _optimise(run: _Run, args, data: _Data, feats: dict, dev, clock: train_loop.
         run.opt.zero_grad(set_to_none=True)
         mine = ddp.share(batch)  # every process draws the same batch; each computes its share's loss terms
         if mine:
-            ids, ft, lens, starts = _collate(mine, feats, args.max_prompt, args.max_len, torch.float32, dev)
+            ids, ft, lens, starts = collate(mine, feats, args.max_prompt, args.max_len, torch.float32, dev)
             loss, ms = unrolled_losses(run.heads, ids, ft, lens, starts, tuple(args.loss_weights), noise=args.noise,
                                        counts=counts)
             loss.backward()
@@ -375,6 +349,8 @@ def register_train(subparsers) -> None:
     p.add_argument("--n-heads", type=int, default=3)
     p.add_argument("--intermediate-size", type=int, default=768)
     p.add_argument("--draft-vocab", type=int, default=8192)
+    p.add_argument("--feature-layers", type=int, nargs="*", default=[], metavar="L",
+                   help="decoder layers head 1 also reads, fused with the last hidden state (EAGLE-3), e.g. 2 15")
     p.add_argument("--steps", type=int, default=0, help="optimizer steps (0: --epochs over the data)")
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--minutes", type=float, default=0, help="stop (and save) this long after the start, features included; the lr decays to it")

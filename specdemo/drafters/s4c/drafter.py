@@ -92,6 +92,7 @@ class S4CDrafter(Drafter):
         self.window = int(window)  # >0: heads start at the last `window` prompt tokens
         self.prompt_lookup = int(prompt_lookup)  # >0: also graft a prompt-lookup chain of up to this many tokens
         self.n_heads = heads.n_heads
+        self.feature_layers = heads.feature_layers  # the engine hands these layers' states too (fused heads)
         # dynamic: score every node with its calibrated acceptance probability and send, per step, the best-first
         # prefix that pays for its verification (budget.cut_to_cost); `budget` is then only a cap
         self.dynamic, self.calibration_path = bool(dynamic), calibration
@@ -104,7 +105,8 @@ class S4CDrafter(Drafter):
         t, d = self.target, self.heads.d
         self.calibrator, self.rel_cost = calibrated_cost(self.target, "s4c", state, self.dynamic, self.calibration_path)
         cap = len(state.tokens) + state.max_new_tokens + 8
-        self.features = torch.zeros(cap, d, dtype=t.dtype, device=t.device)  # the target's feature f_t by position
+        width = (len(self.feature_layers) + 1) * d  # the declared layers' states and the last one, side by side
+        self.features = torch.zeros(cap, width, dtype=t.dtype, device=t.device)  # the target's feature f_t by position
         # per head, its committed outputs by position (head h + 1's input features)
         self.head_outputs = [torch.zeros(cap, d, dtype=t.dtype, device=t.device) for _ in range(self.n_heads)]
         self.n_features = 0  # positions whose target feature has arrived

@@ -81,7 +81,11 @@ class S4CHeads(nn.Module):
     """H heads: Linear(2d -> d) + one target-class decoder layer + RMSNorm each.  Embedding and LM head are the
     target's (frozen, not stored); `draft_vocab` is a buffer of token ids the heads score against."""
 
-    def __init__(self, target, n_heads: int = 3, intermediate_size: int = 768, draft_vocab: torch.Tensor | None = None):
+    def __init__(self, target, n_heads: int = 3, intermediate_size: int = 768, draft_vocab: torch.Tensor | None = None,
+                 feature_layers: tuple[int, ...] = ()):
+        """feature_layers: decoder layers whose states head 1 also reads (EAGLE-3's fused low/middle/high features):
+        its input feature is then a learned projection of those states and the last hidden state side by side,
+        starting as "the last hidden state alone"."""
         super().__init__()
         dec = target.decoder
         cfg = copy.deepcopy(target.model.config)
@@ -95,6 +99,8 @@ class S4CHeads(nn.Module):
         self.d, self.n_heads, self.intermediate_size = d, n_heads, intermediate_size
         layer_cls, norm_cls = type(dec.layers[0]), type(dec.norm)
         self.fc = nn.ModuleList(nn.Linear(2 * d, d) for _ in range(n_heads))
+        self.feature_layers = tuple(int(i) for i in feature_layers)
+        self.fuse = nn.Linear((len(self.feature_layers) + 1) * d, d) if self.feature_layers else None
         self.layers = nn.ModuleList(layer_cls(cfg, layer_idx=0) for _ in range(n_heads))
         self.norms = nn.ModuleList(norm_cls(d, eps=cfg.rms_norm_eps) for _ in range(n_heads))
         self.rotary = type(dec.rotary_emb)(config=cfg)
@@ -111,6 +117,10 @@ class S4CHeads(nn.Module):
                 fc.bias.zero_()
             for norm in self.norms:
                 norm.weight.copy_(dec.norm.weight.detach().float())
+            if self.fuse is not None:  # starts as "the last hidden state alone" (the last d columns)
+                self.fuse.weight.zero_()
+                self.fuse.weight[:, -d:] = torch.eye(d)
+                self.fuse.bias.zero_()
         if draft_vocab is None:
             draft_vocab = torch.arange(target.model.config.vocab_size)
         self.register_buffer("draft_vocab", draft_vocab.long().clone(), persistent=True)
@@ -130,7 +140,10 @@ class S4CHeads(nn.Module):
 
     def head(self, h: int, emb: torch.Tensor, feat: torch.Tensor, position_ids: torch.Tensor,
              mask: torch.Tensor | None = None, cache=None) -> torch.Tensor:
-        """Head h (0-based) over (B, T) positions: [e(x); u] -> features (B, T, d)."""
+        """Head h (0-based) over (B, T) positions: [e(x); u] -> features (B, T, d).  Head 1's u is the target's
+        feature, fused from the declared layers when there are some."""
+        if h == 0 and self.fuse is not None:
+            feat = self.fuse(feat)
         x = self.fc[h](torch.cat([emb, feat], dim=-1))
         pe = self.rotary(x, position_ids)
         kw = dict(attention_mask=mask, position_ids=position_ids, position_embeddings=pe)
@@ -158,7 +171,7 @@ def save_heads(heads: S4CHeads, out: Path, extra: dict | None = None) -> None:
         "format": FORMAT, "version": VERSION, "n_heads": heads.n_heads, "hidden_size": heads.d,
         "intermediate_size": heads.intermediate_size, "draft_vocab_size": int(heads.draft_vocab.numel()),
         "target": t.name, "tokenizer_identity": t.identity, "target_config_hash": architecture_hash(t.model.config),
-        "target_model_type": t.model.config.model_type,
+        "target_model_type": t.model.config.model_type, "feature_layers": list(heads.feature_layers),
     }
     cfg.update(extra or {})
     tmp = out / "model.safetensors.tmp"
@@ -177,7 +190,8 @@ def load_heads(target, source: str | Path) -> S4CHeads:
     if (why := mismatch(cfg, target, path)) is not None:
         raise S4CArtifactError(why)
     sd = load_file(str(path / "model.safetensors"))
-    heads = S4CHeads(target, cfg["n_heads"], cfg["intermediate_size"], sd.pop("draft_vocab").long())
+    heads = S4CHeads(target, cfg["n_heads"], cfg["intermediate_size"], sd.pop("draft_vocab").long(),
+                     tuple(cfg.get("feature_layers", ())))
     missing, unexpected = heads.load_state_dict(sd, strict=False)
     missing = [k for k in missing if not k.startswith("rotary.") and k != "draft_vocab"]
     if missing or unexpected:
