@@ -189,6 +189,8 @@ def test_training_loss_falls(tiny_llama, tmp_path):
     args.steps = 33
     assert s4c.train(args) == 0
     assert "resumed from" in (out / "train_log.txt").read_text()
+    with pytest.raises(ValueError, match="--feature-layers"):  # resumed with another shape: said, not ignored
+        s4c.train(types.SimpleNamespace(**{**vars(args), "feature_layers": [1]}))
     loaded = load_heads(t, out)
     assert loaded.n_heads == 3 and json.loads((out / "config.json").read_text())["training"]["step"] == 33
     # warm start (--init): a new run starts from those heads, not from scratch

@@ -177,7 +177,10 @@ def _make_heads(args, target, records: list[dict], resumed: dict | None, log) ->
         heads.load_state_dict({k: v.float() for k, v in init.state_dict().items()}, strict=False)
         log(f"initialised from the heads in {args.init}")
     if resumed is not None:
-        heads.load_state_dict(resumed["model"], strict=False)
+        missing, unexpected = heads.load_state_dict(resumed["model"], strict=False)
+        if [k for k in missing + unexpected if not k.startswith("rotary.")]:
+            raise ValueError(f"{args.out}/checkpoint.pt holds heads of another shape (--n-heads, --intermediate-size, "
+                             f"--feature-layers); pass the flags it was started with, or --no-resume")
     return heads.train()
 
 
