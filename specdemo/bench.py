@@ -55,7 +55,6 @@ def run_one(target: Target, method: str, prompt_ids: list[int], max_new_tokens: 
             "draft_s": draft, "verify_s": verify}
 
 
-@torch.no_grad()
 def reference_model(target: Target) -> Target:
     """The model the `hf` rows run: the target itself, or at bf16/int4 the same model in fp32 (loaded once and kept
     on the target), because transformers' `generate` on the checkpoint's own weights is the outside reference point
@@ -67,6 +66,7 @@ def reference_model(target: Target) -> Target:
     return target.artifacts["fp32 reference"]
 
 
+@torch.no_grad()
 def _run_hf(target: Target, method: str, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig) -> dict:
     target = reference_model(target)
     ids = torch.tensor([prompt_ids], device=target.device)

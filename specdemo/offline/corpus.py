@@ -21,6 +21,8 @@ SHAREGPT_DISTILL_PATH = ASSETS / "corpus" / "sharegpt_distill.jsonl.gz"  # `pyth
 CODE_DISTILL_PATH = ASSETS / "corpus" / "code_distill.jsonl.gz"  # `distill --prompts stdlib`: the target writing code
 DISTILLED_CORPORA = (SELFDISTILL_PATH, SHAREGPT_DISTILL_PATH, CODE_DISTILL_PATH)
 SHARDS_DIR = ASSETS / "corpus" / "sharegpt"  # the rest of ShareGPT in shards (`distill --out assets/corpus/sharegpt/`)
+FORMAT = "specdemo-selfdistill"
+VERSION = 2
 
 
 def distilled_corpora() -> list[Path]:
@@ -43,8 +45,6 @@ def expand(paths: list[str | Path]) -> list[Path]:
         else:
             out.append(Path(p))
     return out
-FORMAT = "specdemo-selfdistill"
-VERSION = 2
 
 
 def read_records(paths: list[str | Path]) -> list[dict]:

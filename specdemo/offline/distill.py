@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from specdemo.offline import code_prompts, shards, sharegpt
+from specdemo.offline import code_prompts, shards, sharegpt, train_loop
 from specdemo.offline.build_datastore import load_tokenizer
 from specdemo.offline.corpus import (
     FORMAT,
@@ -269,24 +269,21 @@ def _is_directory(out: Path) -> bool:
 
 def distill_shards(args, specs: list[dict], command: str) -> int:
     """Sharded distillation (shards.py), on every process `accelerate launch` starts (one when run plainly)."""
-    from accelerate import PartialState
-
-    state = PartialState(cpu=not torch.cuda.is_available())  # without `cpu`, CPU processes each see a world of one
-    target = load_target(args.model, args.device or (str(state.device) if state.num_processes > 1 else None),
-                         args.dtype)
+    ddp = train_loop.DataParallel()
+    target = load_target(args.model, ddp.device(args.device), args.dtype)
     manifest = shards.load_or_make_manifest(
         args.out, lambda: shards.make_manifest(target, specs, shards.skip_ids(args.skip), args.shard_prompts,
                                                args.max_prompt_tokens, command),
-        state.is_main_process, state.wait_for_everyone)
+        ddp.is_main, ddp.state.wait_for_everyone)
     by_id = {s["id"]: s for s in specs}
-    mine = shards.my_shards(manifest, state.process_index, state.num_processes, args.shards)
+    mine = shards.my_shards(manifest, ddp.rank, ddp.world, args.shards)
     for k in mine:
         path = shards.shard_path(args.out, k)
         if shards.finished(path, manifest["shards"][k]):
             continue
-        print(f"distill: shard {k} of {len(manifest['shards'])} (process {state.process_index})", flush=True)
+        print(f"distill: shard {k} of {len(manifest['shards'])} (process {ddp.rank})", flush=True)
         distill(target, [by_id[i] for i in manifest["shards"][k]], path, args.max_new_tokens, args.max_prompt_tokens,
-                args.batch_size, args.minutes, progress=state.num_processes == 1, batch_tokens=args.batch_tokens,
+                args.batch_size, args.minutes, progress=ddp.world == 1, batch_tokens=args.batch_tokens,
                 command=manifest["command"])
-    state.wait_for_everyone()
+    ddp.state.wait_for_everyone()
     return 0

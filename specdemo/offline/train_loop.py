@@ -72,7 +72,8 @@ class Clock:
 
 
 class DataParallel:
-    """Data parallelism over the processes `accelerate launch` starts (one process when run plainly).
+    """Data parallelism over the processes `accelerate launch` starts (one process when run plainly); sharded
+    distillation shares its shards out over the same processes.
 
     Every process draws the same global batch (the same seed, the same order) and computes the loss terms of its
     share; the terms are normalised by the global batch's counts, so summing the processes' gradients gives the
@@ -82,7 +83,7 @@ class DataParallel:
     def __init__(self) -> None:
         from accelerate import PartialState
 
-        self.state = PartialState(cpu=not torch.cuda.is_available())
+        self.state = PartialState(cpu=not torch.cuda.is_available())  # without `cpu`, CPU processes see a world of 1
         self.rank, self.world = self.state.process_index, self.state.num_processes
         self.is_main = self.state.is_main_process
 

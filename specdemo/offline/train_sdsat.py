@@ -245,7 +245,7 @@ class _Run:
     prog: _Progress = field(default_factory=_Progress)
     rng: random.Random = field(default_factory=random.Random)
     clock: train_loop.Clock = field(default_factory=train_loop.Clock)
-    ddp: train_loop.DataParallel = field(default_factory=train_loop.DataParallel)
+    ddp: train_loop.DataParallel | None = None  # set by train(): the processes this run is shared out over
     train_recs: list = field(default_factory=list)
     held: list = field(default_factory=list)
     order: list = field(default_factory=list)
@@ -282,7 +282,7 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> dict:
     target.model.requires_grad_(False)
     ckpt = out / "checkpoint.pt"
     resumed = train_loop.load_checkpoint(ckpt) if resume else None
-    run = _start(cfg, target, out, resumed, log)
+    run = _start(cfg, target, out, resumed, log, ddp)
     ddp.same_parameters(run.adapter)
     if resumed is not None:
         log(f"resumed from {ckpt} at step {run.prog.step}")
@@ -302,11 +302,12 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> dict:
     return {"step": run.prog.step, "heldout": final, "out": str(out)}
 
 
-def _start(cfg: TrainConfig, target, out: Path, resumed: dict | None, log) -> _Run:
+def _start(cfg: TrainConfig, target, out: Path, resumed: dict | None, log, ddp: train_loop.DataParallel) -> _Run:
     """The adapter and its optimizer, fresh or as the checkpoint left them (progress, clock and generators too)."""
     adapter = _make_adapter(cfg, target, resumed is not None, log)
     opt = torch.optim.AdamW(list(adapter.parameters()), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    run = _Run(cfg, target, adapter, opt, out, log, rng=random.Random(cfg.seed), clock=train_loop.Clock(cfg.minutes))
+    run = _Run(cfg, target, adapter, opt, out, log, rng=random.Random(cfg.seed), clock=train_loop.Clock(cfg.minutes),
+               ddp=ddp)
     if resumed is not None:
         adapter.load_state_dict(resumed["adapter"])
         opt.load_state_dict(resumed["opt"])
