@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import threading
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +21,7 @@ import torch
 
 from specdemo.cpu_attention import use_grouped_kv_attention
 from specdemo.cpu_linear import use_packed_linears
-from specdemo.precision import PRECISIONS, apply_precision, check_precision, default_precision
+from specdemo.precision import PRECISIONS, apply_precision, check_precision, default_precision, prefill_weights
 
 EMBEDDED = "embedded"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -93,6 +94,11 @@ class Target:
         kind = self.weights_note or str(self.dtype).replace("torch.", "")
         text = f"{self.name} · {self.device.type} · {kind} · {self.n_params / 1e6:.0f}M params"
         return f"{text} · {self.precision_note}" if self.precision_note else text
+
+    def prefilling(self) -> AbstractContextManager:
+        """The context a prompt's prefill runs in: an int4 model's linears on their bf16 prefill weights
+        (precision.prefill_weights); nothing changes at other precisions."""
+        return prefill_weights(self.model)
 
     def sync(self) -> None:
         """Wait for the device so that timings are honest."""

@@ -17,6 +17,7 @@ from specdemo.precision import (
     decode_q4_1,
     int4_available,
     model_spec,
+    prefill_weights,
     rows_invariant,
     split_spec,
 )
@@ -74,6 +75,32 @@ def test_int4_layer_stays_within_the_bf16_scale_bound():
     got = layer(x)
     assert got.dtype == torch.float32
     assert (got - want).abs().max() <= 2.0 ** -7 * want.abs().max()  # the kernel's bf16 output rounding
+
+
+@needs_int4
+def test_prefill_weights_are_the_kernels_weights_in_bf16_and_only_inside_the_context():
+    """A prompt's prefill runs on the int4 weights de-quantised to bf16 (each within 2^-8 relative of the weight the
+    kernel uses); outside `prefill_weights`, and after an error inside it, the layer is the int4 kernel again."""
+    rng = np.random.default_rng(2)
+    q = rng.integers(0, 16, (64, 128))
+    d, m = rng.uniform(1e-3, 2e-2, (64, 4)), rng.uniform(-0.2, 0, (64, 4))
+    layer = Int4Linear.from_q4_1(q4_1_blocks(q, d, m))
+    model = torch.nn.Sequential(layer)
+    qt, dt, mt = decode_q4_1(q4_1_blocks(q, d, m))
+    d_b, z_b = dt.bfloat16().float(), (mt + 8 * dt).bfloat16().float()
+    used = d_b.repeat_interleave(GROUP, 1) * (qt - 8) + z_b.repeat_interleave(GROUP, 1)
+    x = torch.randn(200, 128).bfloat16().float()
+    kernel = layer(x)
+    with prefill_weights(model):
+        dense = layer(x)
+    assert not torch.equal(dense, kernel)  # another kernel really ran
+    want = x @ used.t()
+    bound = 2.0 ** -8 * (x.abs() @ used.abs().t()) + 2.0 ** -7 * want.abs()  # bf16 weights, bf16 output
+    assert ((dense - want).abs() <= bound).all()
+    assert torch.equal(layer(x), kernel)
+    with pytest.raises(RuntimeError), prefill_weights(model):
+        raise RuntimeError("a failed prefill")
+    assert not layer.prefilling and torch.equal(layer(x), kernel)
 
 
 @needs_int4
@@ -190,6 +217,25 @@ def test_oracle_trees_are_lossless_at_reduced_precision(tiny, precision, samplin
     ref, _ = run_to_end(target, prompt, None, cfg)
     out, events = run_to_end(target, prompt, OracleDrafter(ref, target.vocab_size, 3, probes=True), cfg)
     assert out == ref and len(events) < len(ref)
+
+
+@needs_int4
+def test_the_engine_prefills_on_the_prefill_weights_and_steps_on_the_int4_kernel(tiny, monkeypatch):
+    target = _at(tiny, "int4")
+    seen = []
+    forward = Int4Linear.forward
+
+    def spy(self, x):
+        seen.append((x.reshape(-1, self.in_features).shape[0], self.prefilling))
+        return forward(self, x)
+
+    monkeypatch.setattr(Int4Linear, "forward", spy)
+    prompt = list(range(100, 120))
+    run_to_end(target, prompt, OracleDrafter(run_to_end(target, prompt, None, GenerationConfig(8))[0],
+                                             target.vocab_size, 3), GenerationConfig(max_new_tokens=8))
+    assert {rows for rows, prefilling in seen if prefilling} == {len(prompt) - 1}
+    steps = [rows for rows, prefilling in seen if not prefilling]  # AR steps and tree verifications
+    assert steps and max(steps) > 1
 
 
 @pytest.mark.slow
