@@ -161,7 +161,7 @@ def test_training_loss_falls(tiny_llama, tmp_path):
         intermediate_size=64, draft_vocab=512, steps=30, epochs=1, minutes=0, batch_size=3, lr=3e-3,
         weight_decay=0.0, warmup=2, noise=0.0, loss_weights=[0.1, 1.0, 1.0], max_prompt=16, max_len=64,
         heldout_max=0, seed=0, log_every=10, eval_every=1000, ckpt_every=15, resume=True,
-        feature_cache=str(tmp_path / "fc"), threads=0, init=None, first=[0], feature_layers=[])
+        feature_cache=str(tmp_path / "fc"), threads=0, init=None, first=[0], feature_layers=[], new_vocab=False)
     records = s4c.read_records([str(data)])
     # --first: the first N records of each file (one number per file or one for all), 0 = all
     assert [r["id"] for r in s4c.read_records([str(data), str(data)], [2, 0])] == ["r0", "r1"] + [r["id"] for r in recs]
@@ -202,6 +202,40 @@ def test_training_loss_falls(tiny_llama, tmp_path):
     assert "initialised from" in (tmp_path / "warm" / "train_log.txt").read_text()
     assert abs(held_first(tmp_path / "warm") - held_first(out)) < 1e-3
     assert load_heads(t, tmp_path / "warm").n_heads == 3  # the architecture comes from the artifact
+    # --new-vocab: the same weights over a draft vocabulary chosen afresh from the training records
+    revocab = types.SimpleNamespace(**{**vars(warm), "out": str(tmp_path / "revocab"), "new_vocab": True,
+                                       "draft_vocab": 24})
+    assert s4c.train(revocab) == 0
+    new, old = load_heads(t, tmp_path / "revocab"), load_heads(t, out)
+    train_recs, _ = s4c.corpus.split_heldout(records)
+    special = sorted(t.eos_ids) + list(t.tokenizer.all_special_ids)
+    want = s4c.build_draft_vocab(train_recs, 24, t.lm_head.weight.shape[0], special)
+    assert len(new.draft_vocab) == 24 < len(old.draft_vocab) and torch.equal(new.draft_vocab, want)
+    assert torch.equal(new.fc[0].weight, old.fc[0].weight)
+
+
+def test_held_out_hits_against_the_whole_vocabulary(tiny_llama, tmp_path):
+    """`top1_full` counts a hit only where the drafted token is the target's choice over its whole vocabulary: equal
+    to `top1` when the heads score every token, and lower when the draft vocabulary leaves out tokens the target
+    chooses (the within-vocabulary label never misses those)."""
+    from specdemo.offline import train_s4c as s4c
+    from specdemo.offline.s4c_metrics import format_metrics, sum_metrics
+
+    t = tiny_llama
+    torch.manual_seed(0)
+    records = [{"id": f"r{i}", "ids": torch.randint(100, 400, (40,)).tolist(), "start": 6} for i in range(4)]
+    feats = s4c.extract_features(t, records, tmp_path / "f.pt", 16, log=lambda m: None)
+    ids, ft, lens, starts = s4c.collate(records, feats, 16, 64, torch.float32, "cpu")
+    whole = S4CHeads(t, 3, 64, torch.arange(t.lm_head.weight.shape[0]))
+    with torch.no_grad():
+        full_labels = (ft[..., -whole.d:] @ t.lm_head.weight.T).argmax(-1).unique()
+    few = S4CHeads(t, 3, 64, torch.tensor(sorted(set(range(0, 1000)) - set(full_labels.tolist()))[:200]))
+    few.load_state_dict({k: v for k, v in whole.state_dict().items() if k != "draft_vocab"}, strict=False)
+    m_whole, m_few = (format_metrics(sum_metrics([], unrolled_losses(h, ids, ft, lens, starts, full_vocab=True)[1]))
+                      for h in (whole, few))
+    for h in m_whole:
+        assert m_whole[h]["top1_full"] == m_whole[h]["top1"] and m_whole[h]["chain_full"] == m_whole[h]["chain"]
+        assert m_few[h]["top1_full"] == 0 < m_few[h]["top1"]  # no target choice is in this vocabulary
 
 
 def test_artifact_round_trip_and_refusal(tiny, tiny_llama, tmp_path):

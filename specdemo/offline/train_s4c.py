@@ -43,18 +43,23 @@ from specdemo.offline.s4c_data import (
     read_records,
     valid_counts,
 )
+from specdemo.offline.s4c_metrics import format_metrics, hits, hits_full, sum_metrics
 from specdemo.target import load_target
 
 
 # ---------------------------------------------------------------------------------------------------------- training
 def unrolled_losses(heads: S4CHeads, ids: torch.Tensor, feats: torch.Tensor, lens: torch.Tensor, starts: torch.Tensor,
                     weights=(0.1, 1.0, 1.0), head_weights=(1.0, 0.8, 0.6), noise: float = 0.0, topk: int = 3,
-                    counts: list[int] | None = None):
+                    counts: list[int] | None = None, full_vocab: bool = False):
     """Loss and per-head metrics for a right-padded batch: ids (B, T), feats (B, T, d) target features.
 
     Each head's terms are sums over its valid positions divided by `counts[h]` (default: this batch's own counts,
     i.e. means).  A data-parallel process passes the counts of the whole global batch, so that the processes'
-    gradients add up to the one-process gradient."""
+    gradients add up to the one-process gradient.
+
+    full_vocab: also count hits against the target's choice over its whole vocabulary (`top1_full`, `chain_full`):
+    the training label is its choice within the draft vocabulary, which a token outside that vocabulary never
+    misses, so only these say how often a draft would be accepted."""
     counts = counts or valid_counts(lens, starts, heads.n_heads)
     B, T = ids.shape
     dev = feats.device
@@ -65,7 +70,7 @@ def unrolled_losses(heads: S4CHeads, ids: torch.Tensor, feats: torch.Tensor, len
     u = feats + noise * torch.randn_like(feats) * feats.std() if noise > 0 else feats
     total = feats.new_zeros(())
     metrics = []
-    prev_ok = None
+    prev_ok = prev_full = None
     for h in range(heads.n_heads):
         k = h + 1
         emb_h = torch.zeros_like(emb)
@@ -94,45 +99,15 @@ def unrolled_losses(heads: S4CHeads, ids: torch.Tensor, feats: torch.Tensor, len
         l1 = F.smooth_l1_loss(gi, fi, reduction="sum") / (n * gi.shape[-1])
         loss_h = weights[0] * ce + weights[1] * soft_ce + weights[2] * l1
         total = total + head_weights[min(h, len(head_weights) - 1)] * loss_h
-        m, prev_ok = _hits(logits.detach(), lab, valid, prev_ok, topk)
+        m, prev_ok = hits(logits.detach(), lab, valid, prev_ok, topk)
+        if full_vocab:
+            with torch.no_grad():
+                drafted = heads.draft_vocab[logits.argmax(-1)]
+                full_lab = (fi @ heads.target.lm_head.weight.T).argmax(-1)
+            m_full, prev_full = hits_full(drafted == full_lab, valid, prev_full)
+            m.update(m_full)
         metrics.append(dict(m, ce=ce.item(), soft=soft_ce.item(), l1=l1.item()))
     return total, metrics
-
-
-def _hits(logits: torch.Tensor, lab: torch.Tensor, valid: torch.Tensor, prev_ok: torch.Tensor | None, topk: int):
-    """One head's hit counts over its valid positions (top-1, top-k, and the chain: this head and every earlier one
-    right at the position), and the chain mask the next head extends."""
-    top = logits.topk(topk, -1).indices
-    hit1 = top[:, 0] == lab
-    ok = torch.zeros_like(valid)
-    ok[valid] = hit1  # `valid.nonzero()` is the order the rows were gathered in
-    chain = ok if prev_ok is None else ok & prev_ok
-    cond_den = valid if prev_ok is None else valid & prev_ok
-    return dict(n=int(valid.sum()), top1=int(hit1.sum()), topk=int((top == lab.unsqueeze(1)).any(-1).sum()),
-                chain=int((chain & valid).sum()), cond_n=int(cond_den.sum()),
-                cond_hit=int((chain & cond_den).sum())), chain
-
-
-def _sum_metrics(acc: list, ms: list) -> list:
-    if not acc:
-        acc = [dict() for _ in ms]
-    for a, m in zip(acc, ms):
-        if m:
-            for k, v in m.items():
-                a[k] = a.get(k, 0) + v * (m["n"] if k in ("ce", "soft", "l1") else 1)
-    return acc
-
-
-def _fmt_metrics(acc: list) -> dict:
-    out = {}
-    for h, a in enumerate(acc, 1):
-        if not a.get("n"):
-            continue
-        out[f"head{h}"] = dict(top1=round(a["top1"] / a["n"], 4), top3=round(a["topk"] / a["n"], 4),
-                               chain=round(a["chain"] / a["n"], 4),
-                               cond=round(a["cond_hit"] / max(1, a["cond_n"]), 4),
-                               soft_ce=round(a["soft"] / a["n"], 4), l1=round(a["l1"] / a["n"], 4), n=a["n"])
-    return out
 
 
 @torch.no_grad()
@@ -142,10 +117,10 @@ def evaluate(heads, records, feats, args, dev) -> dict:
     for i in range(0, len(records), args.batch_size):
         batch = records[i : i + args.batch_size]
         ids, ft, lens, starts = collate(batch, feats, args.max_prompt, args.max_len, torch.float32, dev)
-        _, ms = unrolled_losses(heads, ids, ft, lens, starts, tuple(args.loss_weights))
-        acc = _sum_metrics(acc, ms)
+        _, ms = unrolled_losses(heads, ids, ft, lens, starts, tuple(args.loss_weights), full_vocab=True)
+        acc = sum_metrics(acc, ms)
     heads.train()
-    return _fmt_metrics(acc)
+    return format_metrics(acc)
 
 
 def _epoch_order(records: list[dict], batch_size: int, rng: random.Random) -> list[dict]:
@@ -164,18 +139,22 @@ def _make_heads(args, target, records: list[dict], resumed: dict | None, log) ->
     init = load_heads(target, args.init) if args.init and resumed is None else None
     if resumed is not None:
         draft_vocab = resumed["model"]["draft_vocab"]
-    elif init is not None:
+    elif init is not None and not args.new_vocab:
         draft_vocab = init.draft_vocab.cpu()
-        args.n_heads, args.intermediate_size = init.n_heads, init.intermediate_size
     else:
         special = sorted(target.eos_ids) + list(getattr(target.tokenizer, "all_special_ids", []) or [])
         draft_vocab = build_draft_vocab(records, args.draft_vocab, target.lm_head.weight.shape[0], special)
+    if init is not None:
+        args.n_heads, args.intermediate_size = init.n_heads, init.intermediate_size
     heads = S4CHeads(target, args.n_heads, args.intermediate_size, draft_vocab, args.feature_layers).to(target.device)
     if init is not None and init.feature_layers != heads.feature_layers:
         raise ValueError(f"--init heads read layers {list(init.feature_layers)}: pass --feature-layers with those")
     if init is not None:
-        heads.load_state_dict({k: v.float() for k, v in init.state_dict().items()}, strict=False)
-        log(f"initialised from the heads in {args.init}")
+        # the draft vocabulary only picks rows of the target's LM head, so the weights carry over to a new one
+        heads.load_state_dict({k: v.float() for k, v in init.state_dict().items() if k != "draft_vocab"},
+                              strict=False)
+        log(f"initialised from the heads in {args.init}"
+            + (f" (a new draft vocabulary of {len(draft_vocab)} tokens from --data)" if args.new_vocab else ""))
     if resumed is not None:
         missing, unexpected = heads.load_state_dict(resumed["model"], strict=False)
         if [k for k in missing + unexpected if not k.startswith("rotary.")]:
@@ -277,7 +256,7 @@ def _read_data(args, log) -> _Data | None:
 
 def _start(args, target, data: _Data, resumed: dict | None, total_steps: int, log) -> _Run:
     """The heads and their optimizer, fresh or as the checkpoint left them (step and data order included)."""
-    heads = _make_heads(args, target, data.records, resumed, log)
+    heads = _make_heads(args, target, data.train, resumed, log)
     opt = torch.optim.AdamW(list(heads.parameters()), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
     run = _Run(heads, opt, random.Random(args.seed), total_steps)
     if resumed is not None:
@@ -319,13 +298,13 @@ def _optimise(run: _Run, args, data: _Data, feats: dict, dev, clock: train_loop.
                                        counts=counts)
             loss.backward()
             tok_seen += int((lens - starts).clamp_min(0).sum())
-            acc = _sum_metrics(acc, ms)
+            acc = sum_metrics(acc, ms)
         ddp.sum_gradients(run.heads.parameters())
         train_loop.optimizer_step(run.opt, None, lr)
         run.step += 1
         bar.update(1)
         if run.step % args.log_every == 0 and acc:
-            m, acc = _fmt_metrics(acc), []
+            m, acc = format_metrics(acc), []
             log(f"step {run.step}/{run.total_steps} loss {float(loss):.3f} lr {lr:.2e} "
                 f"{tok_seen / (time.time() - t_start):.0f} tok/s | "
                 + " ".join(f"h{h + 1} top1 {m[k]['top1']:.3f} cond {m[k]['cond']:.3f}" for h, k in enumerate(m)))
@@ -351,7 +330,9 @@ def register_train(subparsers) -> None:
     p.add_argument("--device", default=None)
     p.add_argument("--n-heads", type=int, default=3)
     p.add_argument("--intermediate-size", type=int, default=768)
-    p.add_argument("--draft-vocab", type=int, default=8192)
+    p.add_argument("--draft-vocab", type=int, default=8192, help="tokens the heads score: the corpus' most frequent")
+    p.add_argument("--new-vocab", action="store_true",
+                   help="with --init: choose the draft vocabulary afresh from --data instead of keeping the heads'")
     p.add_argument("--feature-layers", type=int, nargs="*", default=[], metavar="L",
                    help="decoder layers head 1 also reads, fused with the last hidden state (EAGLE-3), e.g. 2 15")
     p.add_argument("--steps", type=int, default=0, help="optimizer steps (0: --epochs over the data)")
