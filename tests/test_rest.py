@@ -183,6 +183,9 @@ def test_drafter_proposes_store_and_context_continuations(tmp_path):
     assert tree.tokens[:1] == [7] and tree.sources[0] == "prompt"
     assert [tree.tokens[j] for j in tree.path_to(len(tree) - 1)][:4] == [7, 1, 2, 3]
     assert R.RestDrafter(store=store, budget=0).propose(state) == DraftTree.empty()
+    # SuffixDecoding's sizing: a 2-token match ("42 43") allows ceil(1.5 x 2) = 3 nodes, the whole chain without it
+    assert len(R.RestDrafter(store=store, budget=8, context_weight=20.0, spec_factor=1.5).propose(state)) == 3
+    assert len(tree) > 3
 
 
 def test_open_store_keeps_one_store_per_model_and_path(tmp_path):
@@ -285,10 +288,11 @@ def test_rest_is_lossless_sampling(target, tiny_store):
     for seed in (1,):
         cfg = GenerationConfig(max_new_tokens=48, sampling=SamplingConfig(temperature=0.8, top_p=0.95, seed=seed))
         ar, _ = run_to_end(target, ids, None, cfg)
-        drafter = make_drafter("rest", target, datastore=str(tiny_store), budget=16, dynamic=False)
-        got, events = run_to_end(target, ids, drafter, cfg)
-        assert got == ar
-        assert any(e.tree_size for e in events)
+        for options in ({}, {"spec_factor": 1.0}):
+            drafter = make_drafter("rest", target, datastore=str(tiny_store), budget=16, dynamic=False, **options)
+            got, events = run_to_end(target, ids, drafter, cfg)
+            assert got == ar
+            assert any(e.tree_size for e in events)
 
 
 @pytest.mark.slow

@@ -22,6 +22,7 @@ Every step:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -247,6 +248,9 @@ class RestDrafter(Drafter):
     confidence: float = 0.95  # see acceptance_scores
     prior: float = 1.6
     context_prior: float = 5.0
+    # SuffixDecoding's sizing: at most ceil(spec_factor x the longest match's length) nodes (0: off), since a long
+    # match predicts its continuation better than a short one
+    spec_factor: float = 0.0
     dynamic: bool = False  # size each tree by its calibrated value against the verification cost (module doc, 5.)
     calibration: Path | None = None  # a calibration file other than the model's shipped one
     name: str = "rest"
@@ -280,7 +284,10 @@ class RestDrafter(Drafter):
         trie = build_trie(np.concatenate(parts), np.concatenate(weights), np.concatenate(is_ctx))
         score = (acceptance_scores(trie, self.confidence, self.prior, self.context_prior)
                  if self.scoring == "acceptance" else trie.weight / trie.total)
-        chosen = select_subtree(trie, self.budget, self.min_share, score)
+        budget = self.budget
+        if self.spec_factor > 0:
+            budget = min(budget, math.ceil(self.spec_factor * max(m_store, m_ctx)))
+        chosen = select_subtree(trie, budget, self.min_share, score)
         tree = to_draft_tree(trie, chosen, score)
         if self.calibrator is not None:
             tree = self.calibrator.apply(tree)
@@ -321,6 +328,8 @@ OPTIONS = (
     Option("confidence", "float", 0, 1, help="acceptance scores: the per-token ceiling"),
     Option("prior", "float", 0, 1000, help="acceptance scores: shrinkage of datastore counts"),
     Option("context_prior", "float", 0, 1000, help="acceptance scores: shrinkage of request counts"),
+    Option("spec_factor", "float", 0, 64,
+           help="SuffixDecoding's sizing: at most this many nodes per matched token (0: off)"),
     Option("dynamic", "bool", help="size each step's tree by its calibrated value against the verify cost"),
     Option("calibration", "path", special=("none",), help="a calibration file, or 'none' for raw scores"),
 )
