@@ -99,7 +99,8 @@ def bf16_available() -> bool:
     return available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-def frozen_linear(weight: torch.Tensor, draft_precision: bool = False) -> torch.nn.Module:
+def frozen_linear(weight: torch.Tensor, draft_precision: bool = False,
+                  bias: torch.Tensor | None = None) -> torch.nn.Module:
     """`x @ weight.T` as a frozen linear layer, on the packed path wherever `use_packed_linears` would use it: a
     drafter's scoring matrix (1-3 rows against a few thousand vocabulary rows) runs 2-5x faster packed than as a plain
     matrix product on the 2-core dev CPU.
@@ -109,6 +110,8 @@ def frozen_linear(weight: torch.Tensor, draft_precision: bool = False) -> torch.
     (0.72 -> 0.47 ms for 2 rows against 6,911 vocabulary rows, caches flushed as a verification flushes them)."""
     lin = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
     lin.weight = torch.nn.Parameter(weight.detach().contiguous(), requires_grad=False)
+    if bias is not None:
+        lin.bias = torch.nn.Parameter(bias.detach().contiguous(), requires_grad=False)
     if available() and weight.device.type == "cpu" and weight.dtype == torch.float32:
         lin = PackedLinear.wrap(lin)
         lin.bf16 = draft_precision and bf16_available()

@@ -381,3 +381,28 @@ def test_fused_feature_heads_train_save_and_draft_losslessly(tiny_llama, tmp_pat
     ref, _ = run_to_end(t, prompt, None, GenerationConfig(max_new_tokens=24))
     out, _ = run_to_end(t, prompt, drafter, GenerationConfig(max_new_tokens=24))
     assert out == ref and drafter.features.shape[-1] == 2 * d
+
+
+def test_fused_draft_step_equals_the_heads_forward(tiny):
+    """`draft_step.DraftStep.head` (fused q/k/v and gate/up products, one rotary table, torch's rms_norm) gives what
+    `S4CHeads.head` gives: a committed chain into the cache, then a two-branch draft call with a tree mask over it."""
+    from specdemo.drafters.s4c.draft_step import DraftStep, supported
+    from specdemo.kvcache import KVCache
+    from specdemo.tree import additive_mask, ancestor_mask
+
+    heads = _heads(tiny, 4)
+    assert supported(heads)
+    step = DraftStep(heads, 64)
+    d = tiny.model.config.hidden_size
+    g = torch.Generator().manual_seed(0)
+    for h in range(heads.n_heads):
+        caches = [KVCache(32), KVCache(32)]
+        for rows, past in ((5, 0), (4, 5)):  # 5 committed rows (a causal chain), then 4 draft rows as a tree
+            parents = list(range(-1, rows - 1)) if past == 0 else [-1, 0, -1, 2]
+            mask = additive_mask(ancestor_mask(parents), past, torch.float32)
+            emb = torch.randn(1, rows, d, generator=g)
+            feat = torch.randn(1, rows, d * (len(heads.feature_layers) + 1), generator=g)
+            pos = torch.arange(past, past + rows).unsqueeze(0)
+            want = heads.head(h, emb, feat, pos, mask=mask, cache=caches[0])
+            got = step.head(h, emb, feat, pos, mask, caches[1])
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)

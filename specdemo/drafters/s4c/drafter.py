@@ -44,6 +44,7 @@ from specdemo.budget import (
 from specdemo.cpu_linear import frozen_linear
 from specdemo.drafters.contract import PROMPT, DrafterUnavailable, DraftSource, Knob, Option
 from specdemo.drafters.pld import lookup_with_ngram_length
+from specdemo.drafters.s4c.draft_step import draft_step
 from specdemo.drafters.s4c.heads import (  # noqa: F401  (unavailable_reason: the contract's, from heads.py)
     TRAINED_PROMPT,
     S4CArtifactError,
@@ -124,6 +125,8 @@ class S4CDrafter(Drafter):
         # 1-3 row products of drafting are 2-5x faster packed than as a plain product on the CPU, and half the bytes
         # again in bf16 (they only rank candidates)
         self.score = frozen_linear(self.heads.lm_weight(vocab), draft_precision=True)
+        step = draft_step(self.target, self.heads)
+        self.head_forward = step.head if step is not None else self.heads.head
 
     def observe(self, state: DecodeState, verified: Verified) -> None:
         h = verified.hidden
@@ -166,7 +169,7 @@ class S4CDrafter(Drafter):
         emb = heads.embed(ids).to(t.dtype)
         feat = torch.stack(rows_feat).unsqueeze(0)
         pos = torch.tensor([rows_pos], device=t.device)
-        out = heads.head(h, emb, feat, pos, mask=mask, cache=cache)[0]
+        out = self.head_forward(h, emb, feat, pos, mask, cache)[0]
         cache.keep(past + c, [])  # drop the draft rows, keep the committed ones
         if c:
             self.head_outputs[h][lo : hi + 1] = out[:c]
