@@ -4,8 +4,9 @@
     python scripts/step_breakdown.py [--precisions fp32,bf16,int4] [--context 256] [--repeats 20]
 
 The whole step is `verify.trial_forward` with no draft (a one-token verification after `context` tokens, the LM head
-included); the linears and the head are the model's own modules fed the step's shapes in a loop (one row each, in the
-order a step calls them), so "the rest" is the step minus both.  Fastest of `repeats`, alone on the machine.
+included); the linears and the head are the products the step runs (the CPU step's fused ones where the model has it,
+cpu_decoder.py; SPECDEMO_FUSED_DECODER=0 for the transformers decoder's) fed the step's shapes in a loop (one row each,
+in the order a step calls them), so "the rest" is the step minus both.  Fastest of `repeats`, alone on the machine.
 """
 from __future__ import annotations
 
@@ -37,9 +38,12 @@ def breakdown(precision: str, context: int, repeats: int) -> dict[str, float]:
     cache = prefilled_cache(target, ids[:context], 4)
     step = fastest(lambda: trial_forward(target, cache, ids[context], DraftTree.empty()), repeats)
     head = target.lm_head
-    linears = [m for m in target.decoder.modules() if isinstance(m, (torch.nn.Linear, Int4Linear))]
-    inputs = {m.in_features: torch.randn(1, 1, m.in_features) for m in linears}
-    lin = fastest(lambda: [m(inputs[m.in_features]) for m in linears], repeats)
+    if target.step_decoder is not None:  # the products the CPU step runs (q/k/v and gate/up fused)
+        linears = [p for layer in target.step_decoder.layers for p in layer.products]
+    else:
+        linears = [(m, m.in_features) for m in target.decoder.modules() if isinstance(m, (torch.nn.Linear, Int4Linear))]
+    inputs = {width: torch.randn(1, 1, width) for _, width in linears}
+    lin = fastest(lambda: [m(inputs[width]) for m, width in linears], repeats)
     x = torch.randn(1, 1, head.in_features)
     head_s = fastest(lambda: head(x), repeats)
     return {"step": step, "linears": lin, "lm_head": head_s, "rest": step - lin - head_s}

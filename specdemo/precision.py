@@ -94,6 +94,8 @@ class Int4Linear(torch.nn.Module):
     bf16 on AMX/AVX-512 runs a 1,000-token prompt's linears ~5x faster.  Every mode prefills the same way and every
     decoding step (AR, tree verification) runs the int4 kernel, so drafted output stays plain decoding's."""
 
+    ROW_BLOCK = 64  # the packed layout interleaves output rows in blocks of 64: layers concatenate at block bounds
+
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bias: torch.Tensor | None = None):
         """q: (out, in) int values 0..15; scale, zero: (out, in // 32), w = scale·(q − 8) + zero."""
         super().__init__()
@@ -116,6 +118,20 @@ class Int4Linear(torch.nn.Module):
         """From GGUF Q4_1 blocks (see `decode_q4_1`)."""
         q, d, m = decode_q4_1(blocks, rows)
         return cls(q, d, m + 8 * d)
+
+    @classmethod
+    def concat(cls, parts: "list[Int4Linear] | tuple[Int4Linear, ...]") -> "Int4Linear":
+        """One layer computing `parts` side by side (outputs concatenated), from their packed blocks, scales and zeros
+        as they are: each output row is the same computation as in its own layer.  No prefill weight: a fused layer
+        serves decoding steps (cpu_decoder.py), not prefills."""
+        new = cls.__new__(cls)
+        torch.nn.Module.__init__(new)
+        new.in_features, new.out_features = parts[0].in_features, sum(p.out_features for p in parts)
+        new.register_buffer("packed", torch.cat([p.packed for p in parts]))
+        new.register_buffer("scales_zeros", torch.cat([p.scales_zeros for p in parts], dim=1))
+        new.bias = None if parts[0].bias is None else torch.cat([p.bias for p in parts])
+        new.prefilling, new.prefill_weight = False, None
+        return new
 
     @classmethod
     def quantize(cls, lin: torch.nn.Linear) -> "Int4Linear":

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from specdemo.cpu_attention import use_grouped_kv_attention
+from specdemo.cpu_decoder import CPUDecoder, unsupported_reason
 from specdemo.cpu_linear import use_packed_linears
 from specdemo.precision import PRECISIONS, apply_precision, check_precision, default_precision, prefill_weights
 
@@ -63,6 +64,9 @@ class Target:
     # decoding's at that precision.  weights_note says what the weights then are (shown in the header).
     precision: str = "fp32"
     weights_note: str = ""
+    # The decoding step's forward on a CPU (cpu_decoder.CPUDecoder: the same weights in fewer, larger operations);
+    # None: decoding steps run the transformers decoder.
+    step_decoder: object = field(default=None, repr=False)
 
     @property
     def exact(self) -> bool:
@@ -73,6 +77,12 @@ class Target:
     def decoder(self) -> torch.nn.Module:
         """The transformer body (returns normed last hidden states)."""
         return self.model.get_decoder()
+
+    @property
+    def step(self):
+        """What a decoding step (AR's one row, a tree verification) runs: `step_decoder` where the model has one,
+        else the transformers decoder; both take the decoder's keyword arguments."""
+        return self.step_decoder or self.decoder
 
     @property
     def lm_head(self) -> torch.nn.Module:
@@ -278,9 +288,10 @@ def load_target(name: str = EMBEDDED, device: str | None = None, dtype: str | No
     max_pos = int(getattr(model.config, "max_position_embeddings", 0) or getattr(tok, "model_max_length", 2048))
     identity = tokenizer_identity(tok)
     first = next(model.parameters())
+    step = CPUDecoder(model, max_pos + 64) if dev.type == "cpu" and unsupported_reason(model) is None else None
     return Target(label, model, tok, first.device, first.dtype, eos, max_pos, identity, packed_linears=packed,
                   precision_note=precision_note(first.dtype, dtype),
-                  precision=precision, weights_note=weights_note)
+                  precision=precision, weights_note=weights_note, step_decoder=step)
 
 
 def _cpu_setup(model, dev: torch.device, embedded: str, precision: str) -> tuple[int, str]:

@@ -20,7 +20,7 @@ def tree_forward(target: Target, cache: KVCache, ids: list[int], buf: TreeBuffer
     """One target forward over [root] + tree nodes; returns the `decoder_features` of those positions."""
     past = cache.get_seq_length()
     mask = buf.attention_mask(past, target.dtype) if buf.n > 1 else None
-    out = target.decoder(
+    out = target.step(
         input_ids=torch.tensor([ids], device=target.device),
         attention_mask=mask,
         position_ids=buf.positions.unsqueeze(0),

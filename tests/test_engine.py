@@ -100,20 +100,20 @@ def test_kv_compaction_matches_fresh_forward(tiny):
 def test_check_tree_support_passes_and_catches_a_model_that_ignores_the_mask(tiny_llama):
     check_tree_support(tiny_llama)
     assert tiny_llama.tree_ok
-    real = tiny_llama.model.get_decoder()
+    real = tiny_llama.step  # what decoding steps run (the CPU decoder step where the model has one)
 
     class IgnoresMask(torch.nn.Module):
         def forward(self, attention_mask=None, **kw):
             return real(**kw)
 
     tiny_llama.tree_ok = None
-    original = tiny_llama.model.get_decoder
-    tiny_llama.model.get_decoder = lambda: IgnoresMask()
+    original = tiny_llama.step_decoder
+    tiny_llama.step_decoder = IgnoresMask()
     try:
         with pytest.raises(UnsupportedForTree, match="unsupported for tree verification"):
             check_tree_support(tiny_llama)
     finally:
-        tiny_llama.model.get_decoder = original
+        tiny_llama.step_decoder = original
         tiny_llama.tree_ok = None
 
 

@@ -56,6 +56,25 @@ def _linear_modules(model, targets) -> dict[str, torch.nn.Module]:
     return out
 
 
+def _register_output_hook(mod: torch.nn.Module, hook) -> list:
+    """The handles of `hook` on `mod`'s output, wherever it is computed: on `mod` (the transformers forward: training,
+    prefill), and where a decoding step computes `mod` inside a fused product (`cpu_decoder.py` sets `fused_into` =
+    (that product, its first output column)), on that product too, showing `hook` `mod`'s columns: the hooks here add
+    to their output in place, so they work on a view.  A forward runs one of the two, never both."""
+    handles = [mod.register_forward_hook(hook)]
+    fused = getattr(mod, "fused_into", None)
+    if fused is not None:
+        product, start = fused
+        end = start + mod.out_features
+
+        def on_columns(_, args, out):
+            hook(mod, args, out[..., start:end])
+            return out
+
+        handles.append(product.register_forward_hook(on_columns))
+    return handles
+
+
 class SDSATAdapter(torch.nn.Module):
     """LoRA weights + the adaptive token's embedding, applied to a base model through temporary forward hooks."""
 
@@ -121,12 +140,12 @@ class SDSATAdapter(torch.nn.Module):
             if fast:  # inference on one contiguous run of probe rows: grouped LoRA-A products
                 for mods, a_cat, b_list in self._inference_groups():
                     for mod, hook in zip(mods, self._group_hooks(a_cat, b_list, run)):
-                        handles.append(mod.register_forward_hook(hook))
+                        handles += _register_output_hook(mod, hook)
                 yield
                 return
             for name, mod in self._mods.items():
                 key = name.replace(".", "__")
-                handles.append(mod.register_forward_hook(make_hook(self.lora_A[key], self.lora_B[key])))
+                handles += _register_output_hook(mod, make_hook(self.lora_A[key], self.lora_B[key]))
             yield
         finally:
             for h in handles:

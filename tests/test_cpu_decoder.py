@@ -1,0 +1,85 @@
+"""The CPU decoding step (cpu_decoder.py): the transformers decoder's values in fewer operations, fused products that
+compute each part's rows exactly, the engine's output unchanged, and SDSAT's hooks following the fused products."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import OracleDrafter
+from specdemo.cpu_decoder import CPUDecoder, fusable, unsupported_reason
+from specdemo.engine import GenerationConfig, run_to_end
+from specdemo.kvcache import KVCache
+from specdemo.precision import Int4Linear, int4_available
+from specdemo.sampling import SamplingConfig
+from specdemo.tree import DraftTree, TreeBuffers
+
+needs_int4 = pytest.mark.skipif(not int4_available(), reason="no int4 CPU kernel or no native bf16 on this CPU")
+
+
+def _step_both_ways(target, ctx: list[int], tree: DraftTree, hidden: bool):
+    """(transformers decoder, CPU step) outputs of one tree verification after `ctx`, each on its own cache."""
+    outs = []
+    for run in (target.decoder, target.step_decoder):
+        cache = KVCache(capacity=64)
+        target.decoder(input_ids=torch.tensor([ctx[:-1]]), past_key_values=cache, use_cache=True)
+        buf = TreeBuffers.build(tree, len(ctx) - 1)
+        mask = buf.attention_mask(len(ctx) - 1, target.dtype) if buf.n > 1 else None
+        outs.append(run(input_ids=torch.tensor([[ctx[-1]] + tree.tokens]), attention_mask=mask,
+                        position_ids=buf.positions.unsqueeze(0), past_key_values=cache, use_cache=True,
+                        output_hidden_states=hidden))
+    return outs
+
+
+@pytest.mark.parametrize("tree", [DraftTree.empty(), DraftTree(tokens=[11, 12, 13, 14], parents=[-1, 0, -1, 2])])
+def test_the_step_gives_the_transformers_decoders_values(tiny, tree):
+    """A one-token step and a two-branch tree: last hidden states and every layer's states as transformers gives them
+    (fp32, up to float rounding: the fused products and torch's rms_norm sum in another order)."""
+    assert unsupported_reason(tiny.model) is None and isinstance(tiny.step_decoder, CPUDecoder)
+    with torch.no_grad():
+        ref, got = _step_both_ways(tiny, list(range(100, 112)), tree, hidden=True)
+    torch.testing.assert_close(got.last_hidden_state, ref.last_hidden_state, rtol=1e-4, atol=1e-4)
+    assert len(got.hidden_states) == len(ref.hidden_states)
+    for a, b in zip(got.hidden_states, ref.hidden_states):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_positions_past_the_rotary_table_grow_it(tiny_llama):
+    step = tiny_llama.step_decoder
+    step._rotary_table(8)  # a table shorter than the context below
+    with torch.no_grad():
+        ref, got = _step_both_ways(tiny_llama, list(range(100, 120)), DraftTree.chain([5, 6]), hidden=False)
+    assert len(step.cos) >= 22
+    torch.testing.assert_close(got.last_hidden_state, ref.last_hidden_state, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(temperature=0.8, top_p=0.9, seed=3)])
+def test_the_engine_decodes_the_same_tokens_with_and_without_the_step(tiny, sampling):
+    """AR and oracle-tree decoding through the CPU step give transformers' decoder's tokens (greedy and sampling)."""
+    prompt = torch.randint(100, 5000, (12,), generator=torch.Generator().manual_seed(1)).tolist()
+    cfg = GenerationConfig(max_new_tokens=24, sampling=sampling)
+    saved, tiny.step_decoder = tiny.step_decoder, None
+    try:
+        ref, _ = run_to_end(tiny, prompt, None, cfg)
+    finally:
+        tiny.step_decoder = saved
+    assert run_to_end(tiny, prompt, None, cfg)[0] == ref
+    out, events = run_to_end(tiny, prompt, OracleDrafter(ref, tiny.vocab_size, seed=2), cfg)
+    assert out == ref and any(e.accepted for e in events)
+
+
+@needs_int4
+def test_fused_int4_products_compute_each_parts_rows_exactly():
+    """Concatenated int4 layers (packed blocks, scales and zeros as they are) give each part's output bit for bit,
+    where the parts before the last fill whole packing blocks; `fusable` refuses the rest."""
+    g = torch.Generator().manual_seed(0)
+
+    def layer(rows):
+        return Int4Linear(torch.randint(0, 16, (rows, 128), generator=g, dtype=torch.int32),
+                          torch.rand(rows, 4, generator=g) / 10, torch.randn(rows, 4, generator=g) / 10)
+
+    parts = [layer(128), layer(64), layer(64)]
+    assert fusable(*parts) and not fusable(layer(32), layer(32))
+    fused = Int4Linear.concat(parts)
+    for rows in (1, 5):
+        x = torch.randn(rows, 128, generator=g)
+        assert torch.equal(fused(x), torch.cat([p(x) for p in parts], -1))
