@@ -54,11 +54,25 @@ class PackedLinear(torch.nn.Linear):
                 and x.numel():
             packed = self._packed_weight()
             if packed is not None and self.bf16:
-                return torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), packed, self._bf16_bias, "none", [],
-                                                          "").float()
+                return _bf16_rows(x, packed, self._bf16_bias)
             if packed is not None:
                 return torch.ops.mkldnn._linear_pointwise(x, packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
+
+
+def _bf16_rows(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """`x` (fp32, rows in its last dimension) through a bf16-packed weight, fp32 out.  One row is computed as two (the
+    second zero): on some CPUs oneDNN's bf16 kernel takes another path for a single row than for several, which sums
+    in another order (AVX-512 bf16 without AMX: the embedded model's 1,536-wide down projection gave ~10% of rows other
+    bits alone than among others, while every count from two up agreed), and a tree's rows must get the bits of
+    one-token steps.  Two rows cost what one does: the product streams the weight once either way."""
+    rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+    if rows.shape[0] == 1:
+        y = torch.ops.mkldnn._linear_pointwise(torch.cat([rows, torch.zeros_like(rows)]), packed, bias, "none", [],
+                                               "")[:1]
+    else:
+        y = torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
+    return y.reshape(*x.shape[:-1], y.shape[-1]).float()
 
 
 def use_packed_linears(model: torch.nn.Module, max_bytes: int | None = None, draft_precision: bool = False) -> int:

@@ -141,3 +141,19 @@ def test_s4c_heads_run_on_the_packed_path(embedded):
     drafter = make_drafter("s4c", embedded)
     linears = [m for m in drafter.heads.modules() if isinstance(m, torch.nn.Linear)]
     assert linears and all(isinstance(m, PackedLinear) for m in linears)
+
+
+@pytest.mark.skipif(not cpu_linear.bf16_available(), reason="no native bf16 on this CPU")
+def test_a_bf16_row_gets_the_same_bits_alone_as_among_others():
+    """A tree's rows must equal one-token steps bit for bit: each row alone equals the same row among 2, 3, 5 or 16
+    (oneDNN's one-row bf16 path summed a 1,536-wide product in another order on an AVX-512 bf16 CPU without AMX)."""
+    g = torch.Generator().manual_seed(0)
+    lin = PackedLinear.wrap(torch.nn.Linear(1536, 576))
+    lin.bf16 = True
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(576, 1536, generator=g) / 40)
+        for _ in range(4):
+            x = torch.randn(16, 1536, generator=g)
+            alone = torch.cat([lin(x[i : i + 1]) for i in range(16)])
+            for n in (2, 3, 5, 16):
+                assert torch.equal(lin(x[:n]), alone[:n])
