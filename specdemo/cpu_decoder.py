@@ -33,6 +33,15 @@ _LAYER_PARTS = ("input_layernorm", "post_attention_layernorm", "self_attn.q_proj
 _FIXED_ROPE = ("default", "linear", "llama3")  # rotary tables that do not depend on the sequence's length
 
 
+def layer_supported(layer: torch.nn.Module) -> bool:
+    """Whether a decoder layer has the form FusedLayer computes: Llama's (pre-norm, q/k/v/o, SiLU gate/up/down), no
+    q/k norms."""
+    names = {n for n, _ in layer.named_modules()}
+    attn = getattr(layer, "self_attn", None)
+    return (set(_LAYER_PARTS) <= names and not hasattr(attn, "q_norm") and not hasattr(attn, "k_norm")
+            and type(getattr(layer.mlp, "act_fn", None)).__name__ == "SiLUActivation")
+
+
 def unsupported_reason(model: torch.nn.Module) -> str | None:
     """Why `model` cannot decode through CPUDecoder (None: it can)."""
     if os.environ.get("SPECDEMO_FUSED_DECODER", "1") == "0":
@@ -42,12 +51,8 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
     layers = getattr(dec, "layers", None)
     if not layers or not all(hasattr(dec, a) for a in ("embed_tokens", "norm", "rotary_emb")):
         return "not a Llama-style decoder"
-    names = {n for n, _ in layers[0].named_modules()}
-    attn = layers[0].self_attn
-    if not set(_LAYER_PARTS) <= names or hasattr(attn, "q_norm") or hasattr(attn, "k_norm"):
+    if not layer_supported(layers[0]):
         return "a decoder layer of another form"
-    if type(getattr(layers[0].mlp, "act_fn", None)).__name__ != "SiLUActivation":
-        return "an MLP activation other than SiLU"
     if getattr(dec.rotary_emb, "rope_type", "default") not in _FIXED_ROPE:
         return f"rotary scaling {dec.rotary_emb.rope_type!r}"
     if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
@@ -92,12 +97,39 @@ def fusable(*parts: torch.nn.Module) -> bool:
         len({(type(p), bool(getattr(p, "bf16", False)), p.bias is None) for p in parts}) == 1
 
 
-class _Layer:
-    """One decoder layer's weights as the step uses them."""
+class RotaryTable:
+    """A rotary embedding's cos and sin per position, computed once by the embedding itself (so the values are the
+    model's own) and grown by doubling when a position passes its end."""
 
-    def __init__(self, layer: torch.nn.Module):
+    def __init__(self, rotary: torch.nn.Module, like: torch.Tensor, length: int = 4096):
+        self.rotary, self.like = rotary, like
+        self._build(length)
+
+    def _build(self, length: int) -> None:
+        cos, sin = self.rotary(self.like.new_zeros(1, dtype=torch.float32), torch.arange(length).unsqueeze(0))
+        self.cos, self.sin = cos[0], sin[0]  # (positions, head_dim)
+
+    def __len__(self) -> int:
+        return len(self.cos)
+
+    def __call__(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin of `positions` (n,) as (n, 1, head_dim): every head turns alike."""
+        last = int(positions.max())
+        if last >= len(self):
+            self._build(max(2 * len(self), last + 1))
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+
+class FusedLayer:
+    """A Llama-form decoder layer's computation for one sequence in few operations (its own weights, fused)."""
+
+    def __init__(self, layer: torch.nn.Module, eps: float):
         a, m = layer.self_attn, layer.mlp
-        self.attn = a  # the attention function's `module` argument (its head counts, its scaling)
+        cfg = a.config
+        self.attn = a  # the attention function's `module` argument (its head counts)
+        self.n_q, self.n_kv, self.head_dim, self.scaling = (cfg.num_attention_heads, cfg.num_key_value_heads,
+                                                            a.head_dim, a.scaling)
+        self.eps = eps
         qkv = (a.q_proj, a.k_proj, a.v_proj)
         self.qkv = fused_linear(*qkv) if fusable(*qkv) else _Side(qkv)
         self.o = a.o_proj
@@ -109,6 +141,28 @@ class _Layer:
                          (self.gate_up, m.gate_proj.in_features), (self.down, m.down_proj.in_features)]
         self.norm_in = layer.input_layernorm.weight.detach()
         self.norm_post = layer.post_attention_layernorm.weight.detach()
+
+    def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
+
+    def __call__(self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor], cache, index: int, attention,
+                 mask: torch.Tensor | None) -> torch.Tensor:
+        """x (1, n, d) -> (1, n, d); the layer's keys and values go to `cache` layer `index`; `attention` has
+        transformers' attention-function signature."""
+        n, hd, n_q, n_kv = x.shape[1], self.head_dim, self.n_q, self.n_kv
+        cos, sin = rotary
+        qkv = self.qkv(self.norm(x, self.norm_in)).view(n, n_q + 2 * n_kv, hd)
+        qk = qkv[:, : n_q + n_kv]  # q and k heads turn together
+        half = hd // 2
+        qk = qk * cos + torch.cat([-qk[..., half:], qk[..., :half]], -1) * sin
+        q = qk[:, :n_q].transpose(0, 1).unsqueeze(0)
+        k = qk[:, n_q:].transpose(0, 1).unsqueeze(0)
+        v = qkv[:, n_q + n_kv :].transpose(0, 1).unsqueeze(0)
+        k, v = cache.update(k, v, index)
+        out, _ = attention(self.attn, q, k, v, mask, dropout=0.0, scaling=self.scaling)
+        x = x + self.o(out.reshape(1, n, n_q * hd))
+        gate, up = self.gate_up(self.norm(x, self.norm_post)).chunk(2, dim=-1)
+        return x + self.down(F.silu(gate) * up)
 
 
 class _Side:
@@ -122,33 +176,16 @@ class _Side:
 
 
 class CPUDecoder:
-    """The decoding step of a loaded CPU model (`forward` takes what the engine passes the transformers decoder)."""
+    """The decoding step of a loaded CPU model (called with what the engine passes the transformers decoder)."""
 
     def __init__(self, model: torch.nn.Module, max_positions: int = 4096):
         dec = model.get_decoder()
-        cfg = model.config
         self.decoder = dec
+        self.config = model.config
         self.embed = dec.embed_tokens
-        self.layers = [_Layer(layer) for layer in dec.layers]
+        self.layers = [FusedLayer(layer, model.config.rms_norm_eps) for layer in dec.layers]
         self.norm = dec.norm.weight.detach()
-        self.eps = cfg.rms_norm_eps
-        attn = dec.layers[0].self_attn
-        self.n_q, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
-        self.head_dim = attn.head_dim
-        self.scaling = attn.scaling
-        self.config = cfg
-        self.rotary = dec.rotary_emb
-        self.cos = self.sin = self.norm.new_zeros(0, self.head_dim)
-        self._rotary_table(min(max_positions, 4096))
-
-    def _rotary_table(self, length: int) -> None:
-        """cos and sin (positions, head_dim) of positions < `length`, the model's rotary embedding's own values."""
-        positions = torch.arange(length).unsqueeze(0)
-        cos, sin = self.rotary(self.norm.new_zeros(1, dtype=torch.float32), positions)
-        self.cos, self.sin = cos[0], sin[0]
-
-    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
+        self.rotary = RotaryTable(dec.rotary_emb, self.norm, min(max_positions, 4096))
 
     @torch.no_grad()
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, past_key_values,
@@ -162,28 +199,13 @@ class CPUDecoder:
                                 use_cache=True, output_hidden_states=output_hidden_states)
         attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, sdpa_attention_forward)
         x = self.embed(input_ids)
-        n, hd, n_q, n_kv = x.shape[1], self.head_dim, self.n_q, self.n_kv
-        pos = position_ids[0]
-        if int(pos.max()) >= len(self.cos):  # a context longer than the table: grow it (doubling)
-            self._rotary_table(max(2 * len(self.cos), int(pos.max()) + 1))
-        cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)  # (n, 1, hd): every head turns alike
-        half = hd // 2
+        rotary = self.rotary(position_ids[0])
         states = [x] if output_hidden_states else None
         for i, layer in enumerate(self.layers):
-            qkv = layer.qkv(self._rms_norm(x, layer.norm_in)).view(n, n_q + 2 * n_kv, hd)
-            qk = qkv[:, : n_q + n_kv]  # q and k heads turn together
-            qk = qk * cos + torch.cat([-qk[..., half:], qk[..., :half]], -1) * sin
-            q = qk[:, :n_q].transpose(0, 1).unsqueeze(0)
-            k = qk[:, n_q:].transpose(0, 1).unsqueeze(0)
-            v = qkv[:, n_q + n_kv :].transpose(0, 1).unsqueeze(0)
-            k, v = past_key_values.update(k, v, i)
-            out, _ = attention(layer.attn, q, k, v, attention_mask, dropout=0.0, scaling=self.scaling)
-            x = x + layer.o(out.reshape(1, n, n_q * hd))
-            gate, up = layer.gate_up(self._rms_norm(x, layer.norm_post)).chunk(2, dim=-1)
-            x = x + layer.down(F.silu(gate) * up)
+            x = layer(x, rotary, past_key_values, i, attention, attention_mask)
             if states is not None:
                 states.append(x)
-        x = self._rms_norm(x, self.norm)
+        x = self.layers[-1].norm(x, self.norm)
         if states is not None:  # as transformers gives them: the embeddings, each layer's output, the last one normed
             states[-1] = x
         return BaseModelOutputWithPast(last_hidden_state=x, hidden_states=tuple(states) if states else None)

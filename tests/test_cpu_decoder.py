@@ -44,11 +44,11 @@ def test_the_step_gives_the_transformers_decoders_values(tiny, tree):
 
 
 def test_positions_past_the_rotary_table_grow_it(tiny_llama):
-    step = tiny_llama.step_decoder
-    step._rotary_table(8)  # a table shorter than the context below
+    table = tiny_llama.step_decoder.rotary
+    table._build(8)  # a table shorter than the context below
     with torch.no_grad():
         ref, got = _step_both_ways(tiny_llama, list(range(100, 120)), DraftTree.chain([5, 6]), hidden=False)
-    assert len(step.cos) >= 22
+    assert len(table) >= 22
     torch.testing.assert_close(got.last_hidden_state, ref.last_hidden_state, rtol=1e-4, atol=1e-4)
 
 
