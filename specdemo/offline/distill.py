@@ -285,5 +285,5 @@ def distill_shards(args, specs: list[dict], command: str) -> int:
         distill(target, [by_id[i] for i in manifest["shards"][k]], path, args.max_new_tokens, args.max_prompt_tokens,
                 args.batch_size, args.minutes, progress=ddp.world == 1, batch_tokens=args.batch_tokens,
                 command=manifest["command"])
-    ddp.state.wait_for_everyone()
+    ddp.finish()
     return 0

@@ -128,6 +128,15 @@ class DataParallel:
         return bool(reduce(flags, reduction="sum").item() > 0)
 
 
+    def finish(self) -> None:
+        """Every process waits for the others, then leaves the process group: a process that exits while its peers
+        still hold their connections can die in the group's teardown (SIGABRT in the launch test, once in several
+        runs).  Call once on every process, after the last collective."""
+        if self.world > 1:
+            self.state.wait_for_everyone()
+            self.state.destroy_process_group()
+
+
 def save_checkpoint(path: Path, state: dict) -> None:
     """Write atomically: a kill mid-write leaves the previous checkpoint intact."""
     tmp = Path(str(path) + ".tmp")

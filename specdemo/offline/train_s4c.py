@@ -231,6 +231,7 @@ def train(args) -> int:
 
     t_start = time.time()
     _optimise(run, args, data, feats, target.device, clock, checkpoint, log, ddp)
+    ddp.finish()
     if not ddp.is_main:
         return 0
     checkpoint(final=True)

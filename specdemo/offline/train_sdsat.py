@@ -292,6 +292,7 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> dict:
     if ddp.is_main and run.prog.step == 0 and run.held:
         run.heldout()
     _optimise(run)
+    ddp.finish()
     if not ddp.is_main:
         return {"step": run.prog.step, "heldout": None, "out": str(out)}
     if run.clock.over():
