@@ -55,14 +55,34 @@ def use_grouped_kv_attention(model: torch.nn.Module) -> bool:
 ROW_EXACT = "sdpa_row_exact"
 
 
-def _visible_rows(mask: torch.Tensor, past: int) -> tuple[list[list[int]], bool]:
-    """(per tree row, how many tree slots it sees; whether every row sees exactly the slots right after the context),
-    read from the mask once per forward and kept on it: every layer gets the same mask tensor."""
-    rows = getattr(mask, "_rows", None)
-    if rows is None:
+def _visible_rows(mask: torch.Tensor, past: int) -> list[tuple[int, torch.Tensor | None, torch.Tensor | None]]:
+    """Per tree row: (how many tree slots it sees, the slots to write before its call, the tree entries to write
+    there), read from the mask once per forward and kept on it (every layer gets the same mask tensor).
+
+    A row sees its ancestors and itself, which must lie right after the context for its call.  Rows run in order and
+    each moves into place only the entries that differ from what the rows before it left there, so a tree's main chain
+    moves nothing and a side branch moves only its own part.  A last item (-1, slots, entries) restores the tree."""
+    plan = getattr(mask, "_plan", None)
+    if plan is None:
         seen = [[j for j, ok in enumerate(row) if ok] for row in (mask[0, 0, :, past:] == 0).tolist()]
-        rows = mask._rows = (seen, all(r == list(range(len(r))) for r in seen))
-    return rows
+        layout = list(range(len(seen)))  # which tree entry sits at each slot now
+        plan = []
+        for slots in seen:
+            moves = [(m, s) for m, s in enumerate(slots) if layout[m] != s]
+            for m, s in moves:
+                layout[m] = s
+            plan.append((len(slots), *_index_pair(moves)))
+        plan.append((-1, *_index_pair([(m, m) for m, s in enumerate(layout) if s != m])))
+        mask._plan = plan
+    return plan
+
+
+def _index_pair(moves: list[tuple[int, int]]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(destination slots, source entries) as index tensors; (None, None) for no moves."""
+    if not moves:
+        return None, None
+    dst, src = zip(*moves)
+    return torch.tensor(dst), torch.tensor(src)
 
 
 def row_exact_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -74,8 +94,9 @@ def row_exact_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     masked multi-row attention and a one-token one (the kernel blocks and sums the keys differently) grow into changes
     that flip near-ties, and the drafted output parts from plain decoding.  Here every verification row makes the
     very call a one-token step makes: one query, no mask, over the contiguous keys of its own context.  A row whose
-    ancestors are not the slots right after the committed ones (a tree's side branch) has them copied there for its
-    call, and the tree's own entries are put back afterwards.  Rows cost one kernel call each, so trees pay more."""
+    ancestors are not the slots right after the committed ones (a tree's side branch) has them moved there for its
+    call (`_visible_rows`: only what differs from the row before), and the tree's own entries are put back afterwards.
+    Rows cost one kernel call each, so trees pay more."""
     n, total = query.shape[2], key.shape[2]
     past = total - n
     if query.device.type != "cpu" or past <= 0 or (attention_mask is None and n > 1) or kwargs.get("cache") is not None:
@@ -84,20 +105,21 @@ def row_exact_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     if attention_mask is None:  # a one-token step: the call every tree row repeats
         out = F.scaled_dot_product_attention(query, key, value, scale=scaling, enable_gqa=True)
         return out.transpose(1, 2).contiguous(), None
-    rows, chain = _visible_rows(attention_mask, past)
-    if not chain:  # the tree's own entries, put back after the rows that move theirs
+    plan = _visible_rows(attention_mask, past)
+    moved = any(dst is not None for _, dst, _ in plan)
+    if moved:  # the tree's own entries, the source of every move
         tree_k, tree_v = key[:, :, past:].clone(), value[:, :, past:].clone()
     out = torch.empty(query.shape[0], n, query.shape[1], value.shape[-1], dtype=query.dtype, device=query.device)
-    for i, slots in enumerate(rows):
-        end = past + len(slots)
-        if not chain:  # bring this row's ancestors and itself right after the context
-            idx = torch.tensor(slots)
-            key[:, :, past:end], value[:, :, past:end] = tree_k[:, :, idx], tree_v[:, :, idx]
+    for i, (seen, dst, src) in enumerate(plan[:-1]):
+        if dst is not None:
+            key[:, :, past + dst], value[:, :, past + dst] = tree_k[:, :, src], tree_v[:, :, src]
+        end = past + seen
         row = F.scaled_dot_product_attention(query[:, :, i : i + 1].contiguous(), key[:, :, :end], value[:, :, :end],
                                              scale=scaling, enable_gqa=True)
         out[:, i] = row[:, :, 0]
-    if not chain:
-        key[:, :, past:], value[:, :, past:] = tree_k, tree_v
+    _, dst, src = plan[-1]
+    if dst is not None:
+        key[:, :, past + dst], value[:, :, past + dst] = tree_k[:, :, src], tree_v[:, :, src]
     return out, None
 
 

@@ -186,25 +186,32 @@ def _at(tiny, precision: str):
 
 
 @pytest.mark.parametrize("precision", REDUCED)
-def test_tree_rows_compute_exactly_what_one_token_steps_compute(tiny, precision):
-    """Row-exact attention: every row of a branching tree (two branches, so rows move their ancestors) gives the
-    bitwise logits of one-token steps along its own path."""
+@pytest.mark.parametrize("parents", [[-1, 0, -1, 2], [-1, 0, 1, -1, 3, 0, 5, 1, 2, 6]], ids=["two-branch", "deep"])
+def test_tree_rows_compute_exactly_what_one_token_steps_compute(tiny, precision, parents):
+    """Row-exact attention: every row of a branching tree (rows move their ancestors into place, a side branch only
+    what differs from the row before, and the tree is put back) gives the bitwise logits of one-token steps along its
+    own path."""
     target = _at(tiny, precision)
     torch.manual_seed(0)
-    ctx = torch.randint(100, 5000, (14,)).tolist()
-    a, b, c, d = ctx[10:14]
-    tree = DraftTree(tokens=[a, b, c, d], parents=[-1, 0, -1, 2])
+    ctx = torch.randint(100, 5000, (10 + len(parents),)).tolist()
+    tree = DraftTree(tokens=ctx[10:], parents=parents)
     with torch.no_grad():
-        rows, _ = trial_forward(target, prefilled_cache(target, ctx[:9], 8), ctx[9], tree)
-        want = {}
-        for path in ([a, b], [c, d]):
-            cache = prefilled_cache(target, ctx[:9], 8)
-            for k, tok in enumerate([ctx[9]] + path):
+        rows, _ = trial_forward(target, prefilled_cache(target, ctx[:9], 16), ctx[9], tree)
+        for row, node in enumerate(range(-1, len(parents))):  # row 0 is the root, row i + 1 is node i
+            cache = prefilled_cache(target, ctx[:9], 16)
+            for tok in [ctx[9]] + _path(tree, node):
                 buf = TreeBuffers.build(DraftTree.empty(), cache.get_seq_length())
-                want[(tuple(path), k)] = target.lm_head(tree_forward(target, cache, [tok], buf))[0]
-    assert torch.equal(rows[0], want[((a, b), 0)]) and torch.equal(rows[0], want[((c, d), 0)])
-    assert torch.equal(rows[1], want[((a, b), 1)]) and torch.equal(rows[2], want[((a, b), 2)])
-    assert torch.equal(rows[3], want[((c, d), 1)]) and torch.equal(rows[4], want[((c, d), 2)])
+                want = target.lm_head(tree_forward(target, cache, [tok], buf))[0]
+            assert torch.equal(rows[row], want)
+
+
+def _path(tree: DraftTree, node: int) -> list[int]:
+    """The tokens from the root's first child down to `node` (none for the root, -1)."""
+    out = []
+    while node >= 0:
+        out.insert(0, tree.tokens[node])
+        node = tree.parents[node]
+    return out
 
 
 @pytest.mark.parametrize("precision", REDUCED)
