@@ -67,9 +67,10 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
 def fused_linear(*parts: torch.nn.Module) -> torch.nn.Module:
     """One product for several linear layers side by side (outputs concatenated), at the parts' precision: int4
     parts' packed blocks and scales are concatenated (the CPU int4 layout packs output rows in whole blocks), dense
-    parts' weights are packed together (in bf16 where the parts are; the packed copy is what the fusion adds in
-    memory: ~0.28 GB for the embedded model in fp32, the parts keep theirs for the prefill).  Each part records where its output went
-    (`fused_into`: the product and its first column), so that hooks on a part (SDSAT's adapter) can follow it."""
+    parts' weights are packed together, in bf16 where the parts are.  The packed copy is what the fusion adds in memory
+    (the embedded model's q/k/v and gate/up weights: ~0.28 GB in fp32); the parts keep theirs for the prefill.  Each
+    part records where its output went (`fused_into`: the product and its first column), so that hooks on a part
+    (SDSAT's adapter) can follow it."""
     if all(isinstance(p, Int4Linear) for p in parts):
         fused = Int4Linear.concat(parts)
     else:
