@@ -19,12 +19,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from specdemo.drafters.sdsat.adapter import (
-    DEFAULT_TARGETS,
-    SDSATAdapter,
-    default_token_id,
-    load_adapter,
-)
+from specdemo.drafters.sdsat.adapter import DEFAULT_TARGETS, SDSATAdapter, default_token_id, load_adapter
 from specdemo.offline import corpus, train_loop
 from specdemo.target import Target, load_target
 
