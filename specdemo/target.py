@@ -66,7 +66,7 @@ class Target:
     weights_note: str = ""
     # The decoding step's forward on a CPU (cpu_decoder.CPUDecoder: the same weights in fewer, larger operations);
     # None: decoding steps run the transformers decoder.
-    step_decoder: object = field(default=None, repr=False)
+    step_decoder: CPUDecoder | None = field(default=None, repr=False)
 
     @property
     def exact(self) -> bool:
