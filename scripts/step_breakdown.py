@@ -39,7 +39,7 @@ def breakdown(precision: str, context: int, repeats: int) -> dict[str, float]:
     step = fastest(lambda: trial_forward(target, cache, ids[context], DraftTree.empty()), repeats)
     head = target.lm_head
     if target.step_decoder is not None:  # the products the CPU step runs (q/k/v and gate/up fused)
-        linears = [p for layer in target.step_decoder.layers for p in layer.products]
+        linears = target.step_decoder.products
     else:
         linears = [(m, m.in_features) for m in target.decoder.modules() if isinstance(m, (torch.nn.Linear, Int4Linear))]
     inputs = {width: torch.randn(1, 1, width) for _, width in linears}

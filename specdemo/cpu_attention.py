@@ -55,7 +55,7 @@ def use_grouped_kv_attention(model: torch.nn.Module) -> bool:
 ROW_EXACT = "sdpa_row_exact"
 
 
-def _visible_rows(mask: torch.Tensor, past: int) -> list[tuple[int, torch.Tensor | None, torch.Tensor | None]]:
+def _row_plan(mask: torch.Tensor, past: int) -> list[tuple[int, torch.Tensor | None, torch.Tensor | None]]:
     """Per tree row: (how many tree slots it sees, the slots to write before its call, the tree entries to write
     there), read from the mask once per forward and kept on it (every layer gets the same mask tensor).
 
@@ -95,7 +95,7 @@ def row_exact_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     that flip near-ties, and the drafted output parts from plain decoding.  Here every verification row makes the
     very call a one-token step makes: one query, no mask, over the contiguous keys of its own context.  A row whose
     ancestors are not the slots right after the committed ones (a tree's side branch) has them moved there for its
-    call (`_visible_rows`: only what differs from the row before), and the tree's own entries are put back afterwards.
+    call (`_row_plan`: only what differs from the row before), and the tree's own entries are put back afterwards.
     Rows cost one kernel call each, so trees pay more."""
     n, total = query.shape[2], key.shape[2]
     past = total - n
@@ -105,7 +105,7 @@ def row_exact_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     if attention_mask is None:  # a one-token step: the call every tree row repeats
         out = F.scaled_dot_product_attention(query, key, value, scale=scaling, enable_gqa=True)
         return out.transpose(1, 2).contiguous(), None
-    plan = _visible_rows(attention_mask, past)
+    plan = _row_plan(attention_mask, past)
     moved = any(dst is not None for _, dst, _ in plan)
     if moved:  # the tree's own entries, the source of every move
         tree_k, tree_v = key[:, :, past:].clone(), value[:, :, past:].clone()

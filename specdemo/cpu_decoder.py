@@ -71,18 +71,17 @@ def fused_linear(*parts: torch.nn.Module) -> torch.nn.Module:
     (the embedded model's q/k/v and gate/up weights: ~0.28 GB in fp32); the parts keep theirs for the prefill.  Each
     part records where its output went (`fused_into`: the product and its first column), so that hooks on a part
     (SDSAT's adapter) can follow it."""
-    if all(isinstance(p, Int4Linear) for p in parts):
-        fused = Int4Linear.concat(parts)
-    else:
+    dense = not all(isinstance(p, Int4Linear) for p in parts)
+    if dense:
         bias = None if parts[0].bias is None else torch.cat([p.bias.detach() for p in parts])
         weight = torch.cat([p.weight.detach() for p in parts])
-        start = 0
-        for p in parts:  # the parts' dense weights become views of the fused one: no second dense copy
-            p.weight.data = weight[start : start + p.out_features]
-            start += p.out_features
         fused = frozen_linear(weight, draft_precision=bool(getattr(parts[0], "bf16", False)), bias=bias)
+    else:
+        fused = Int4Linear.concat(parts)
     start = 0
     for p in parts:
+        if dense:  # the parts' dense weights become views of the fused one: no second dense copy
+            p.weight.data = weight[start : start + p.out_features]
         p.fused_into = (fused, start)
         start += p.out_features
     return fused
@@ -187,6 +186,11 @@ class CPUDecoder:
         self.layers = [FusedLayer(layer, model.config.rms_norm_eps) for layer in dec.layers]
         self.norm = dec.norm.weight.detach()
         self.rotary = RotaryTable(dec.rotary_emb, self.norm, min(max_positions, 4096))
+
+    @property
+    def products(self) -> list[tuple[torch.nn.Module, int]]:
+        """Every linear product the step runs, with the width of its input rows, in the order a step runs them."""
+        return [p for layer in self.layers for p in layer.products]
 
     @torch.no_grad()
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, past_key_values,

@@ -78,8 +78,8 @@ def check_tree_support(target: Target, static: bool = False) -> None:
                                  f"custom 4D attention mask with explicit position ids ({type(exc).__name__}: "
                                  f"{str(exc)[:200]}). Use plain AR decoding.") from exc
     tol = 1e-3 if target.dtype == torch.float32 and target.precision == "fp32" else 3e-2  # bf16 linear inputs: 2^-8
-    fused = [p for layer in getattr(target.step_decoder, "layers", ()) for p, _ in layer.products]
-    if target.precision != "fp32" and not rows_invariant(target.model, also=tuple(fused)):
+    fused = tuple(p for p, _ in getattr(target.step_decoder, "products", ()))
+    if target.precision != "fp32" and not rows_invariant(target.model, also=fused):
         raise UnsupportedForTree(f"Model '{target.name}' at {target.precision}: a linear layer's row differs alone and "
                                  "among rows, so a tree would change the output. Use precision fp32.")
     for what, err in errs.items():

@@ -127,7 +127,6 @@ class DataParallel:
         flags = torch.tensor([float(flag)], device=self.state.device)  # NCCL reduces CUDA tensors only
         return bool(reduce(flags, reduction="sum").item() > 0)
 
-
     def finish(self) -> None:
         """Every process waits for the others, then leaves the process group: a process that exits while its peers
         still hold their connections can die in the group's teardown (SIGABRT in the launch test, once in several

@@ -10,7 +10,6 @@ a layer of another form draft through `S4CHeads.head`.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from specdemo.cpu_attention import grouped_kv_sdpa
 from specdemo.cpu_decoder import FusedLayer, RotaryTable, layer_supported
@@ -45,7 +44,7 @@ class DraftStep:
         x = self.fc[h](torch.cat([emb, feat], dim=-1))
         layer = self.layers[h]
         x = layer(x, self.rotary(positions[0]), cache, 0, grouped_kv_sdpa, mask)
-        return F.rms_norm(x, (x.shape[-1],), self.norms[h], layer.eps)
+        return layer.norm(x, self.norms[h])
 
 
 def draft_step(target, heads: S4CHeads) -> DraftStep | None:
