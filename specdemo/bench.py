@@ -9,6 +9,10 @@ loaded, as outside reference points; `llamacpp` / `llamacpp-pld` are llama.cpp o
 
 Prompts that carry a `group` (the Spec-Bench tasks) are also summarised per group, with the same formulas over that
 group's prompts only, because an average over tasks hides where a drafter wins and where it costs time.
+
+A method that leaves AR's tokens on a prompt is listed under the table with the token where it parts and AR's top-2
+logit gap there (`per_prompt[].first_difference`, `tie_gap` in the JSON): a near-tie flipped by other kernels or by
+another precision reads as a gap of a few hundredths, a bug as a large one.
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ from specdemo.budget import cost_curves, measure_cost_curves, pin_cost_curves
 from specdemo.drafters import METHODS, make_drafter
 from specdemo.engine import GenerationConfig, generate
 from specdemo.peers import PEER_METHODS, run_peer
-from specdemo.metrics import acceptance_by_depth, figures, runs_tokens_per_s
+from specdemo.metrics import acceptance_by_depth, figures, first_difference, gap_at, runs_tokens_per_s
 from specdemo.prompts import has_groups, load_prompts, stratified
 from specdemo.sampling import SamplingConfig
 from specdemo.target import Target, add_target_args, load_target, target_from_args
@@ -42,7 +46,7 @@ def run_one(target: Target, method: str, prompt_ids: list[int], max_new_tokens: 
         return run_peer(target, method, prompt_ids, max_new_tokens, sampling)
     drafter = make_drafter(method.split(":")[0], target, **(options or {}))  # "s4c:chain" = a labelled variant
     cfg = GenerationConfig(max_new_tokens=max_new_tokens, sampling=sampling)
-    tokens, accept, draft, verify = [], [], [], []
+    tokens, accept, draft, verify, margins = [], [], [], [], []
     target.sync()
     t0 = time.perf_counter()
     for ev in generate(target, prompt_ids, drafter, cfg):
@@ -50,9 +54,10 @@ def run_one(target: Target, method: str, prompt_ids: list[int], max_new_tokens: 
         accept.append(len(ev.tokens))
         draft.append(ev.draft_s)
         verify.append(ev.verify_s)
+        margins += ev.margins
     target.sync()
     return {"tokens": tokens, "wall_time": time.perf_counter() - t0, "accept_lengths": accept,
-            "draft_s": draft, "verify_s": verify}
+            "draft_s": draft, "verify_s": verify, "margins": margins}
 
 
 def reference_model(target: Target) -> Target:
@@ -126,6 +131,7 @@ def summarise(target: Target, methods: list[str], runs: dict[str, list[dict]], m
     "verify_s"[, "group"]}]}, one entry per prompt, AR included).  `groups` is {group: {method: {"speedup", "tau",
     "tokens_per_s", "identical", "prompts"}}} over the prompts that carry a group, in first-seen order ({} if none)."""
     ar = {r["id"]: r["tokens"] for r in runs["ar"]}
+    ar_margins = {r["id"]: r.get("margins", []) for r in runs["ar"]}
     ar_tps = runs_tokens_per_s(runs["ar"])
     out = {"device": _device_name(target), "model": target.name, "dtype": str(target.dtype).replace("torch.", ""),
            "precision": getattr(target, "precision", "fp32"),
@@ -136,6 +142,7 @@ def summarise(target: Target, methods: list[str], runs: dict[str, list[dict]], m
         draft = [s for r in rs for s in r["draft_s"]]
         verify = [s for r in rs for s in r["verify_s"]]
         same = [r["tokens"] == ar[r["id"]] for r in rs]
+        diffs = [first_difference(ar[r["id"]], r["tokens"], complete=True) for r in rs]
         out["methods"][m] = {
             **{k: v for k, v in figures(rs, ar, ar_tps).items() if k != "prompts"},
             "draft_ms": 1e3 * statistics.median(draft) if draft else None,
@@ -143,8 +150,8 @@ def summarise(target: Target, methods: list[str], runs: dict[str, list[dict]], m
             "acceptance_by_depth": acceptance_by_depth([a for r in rs for a in r["accept_lengths"]]),
             "per_prompt": [{"id": r["id"], "group": r.get("group"), "new_tokens": len(r["tokens"]),
                             "wall_time": r["wall_time"], "accept_lengths": r["accept_lengths"], "identical": s,
-                            "tokens": r["tokens"]}
-                           for r, s in zip(rs, same)],
+                            "first_difference": d, "tie_gap": gap_at(ar_margins[r["id"]], d), "tokens": r["tokens"]}
+                           for r, s, d in zip(rs, same, diffs)],
         }
     for g in dict.fromkeys(r.get("group") for r in runs["ar"] if r.get("group")):
         ar_g = runs_tokens_per_s([r for r in runs["ar"] if r.get("group") == g])
@@ -170,6 +177,7 @@ def format_table(result: dict) -> str:
     for m, r in result["methods"].items():
         lines.append(f"{m:<12} {fmt(r['tokens_per_s'], '8.2f')} {fmt(r['speedup'], '8.2f')} {fmt(r['tau'], '6.2f')} "
                      f"{fmt(r['identical'], '9.2f')} {fmt(r['draft_ms'], '9.2f')} {fmt(r['verify_ms'], '9.2f')}")
+    lines += difference_lines(result)
     rows = group_rows(result)
     if rows:
         methods = list(result["methods"])
@@ -180,6 +188,22 @@ def format_table(result: dict) -> str:
         for g, _, cells in rows:
             lines.append(" ".join([f"{g:<{widths[0]}}"] + [f"{c:>{w}}" for c, w in zip(cells, widths[1:])]))
     return "\n".join(lines)
+
+
+def difference_lines(result: dict, shown: int = 3) -> list[str]:
+    """Per method whose tokens left AR's on some prompt: how many, and the first few with the token where they part
+    and AR's top-2 logit gap there (a few hundredths: a near-tie flipped by other kernels or precision)."""
+    lines = []
+    for m, r in result["methods"].items():
+        differ = [p for p in r["per_prompt"] if not p["identical"]]
+        if not differ or m == "ar":
+            continue
+        where = ", ".join(f"{p['id']} at token {p['first_difference']}"
+                          + ("" if p.get("tie_gap") is None else f" (top-2 gap {p['tie_gap']:.3g})")
+                          for p in differ[:shown])
+        lines.append(f"  {m} differs from ar on {len(differ)} of {len(r['per_prompt'])} prompts: {where}"
+                     + (", ..." if len(differ) > shown else ""))
+    return lines
 
 
 def group_rows(result: dict) -> list[tuple[str, int, list[str]]]:

@@ -26,7 +26,7 @@ import torch
 
 from specdemo import cuda_graphs
 from specdemo.kvcache import KVCache
-from specdemo.sampling import SamplingConfig, choose_tokens
+from specdemo.sampling import SamplingConfig, choose_tokens, top2_gaps
 from specdemo.static_step import STATIC_BUCKETS, StaticSteps, wanted
 from specdemo.target import Target, UnsupportedForTree, decoder_features
 from specdemo.tree import DraftTree, TreeBuffers
@@ -110,6 +110,8 @@ class StepEvent:
     position: int  # absolute position of tokens[0]
     new_tokens: int  # total generated so far, after this step
     finish_reason: str | None = None  # "eos" | "stop" | "length" | None
+    # per committed token: the target's top-2 logit gap where it chose it (how near a tie that choice was)
+    margins: list[float] = field(default_factory=list)
 
     @property
     def accepted(self) -> int:
@@ -201,6 +203,7 @@ class _Found:
     buffers: TreeBuffers
     path: list[int]  # buffer rows (1-based tree nodes) of the accepted path
     tokens: list[int]  # the accepted draft tokens + the target's own token
+    margins: list[float]  # per token of `tokens`: the target's top-2 logit gap at the row that chose it
     hidden: torch.Tensor  # (1 + len(tree), d): the target's features of the root and every node
     logits: torch.Tensor  # (1 + len(tree), vocab)
 
@@ -275,9 +278,10 @@ def _verify(target: Target, drafter: Drafter, run: _Run, tree: DraftTree) -> tup
         path.append(nxt)
         node = nxt
     new = [tree.tokens[i - 1] for i in path] + [choice[node]]
+    margins = top2_gaps(logits, [0] + path)  # token k was chosen at the root (k = 0) or at path node k - 1
     (run.static or cache).keep(past + 1, [past + i for i in path])  # the root stays at `past`; the path follows it
     target.sync()
-    return _Found(tree, buf, path, new, hidden, logits), time.perf_counter() - t0
+    return _Found(tree, buf, path, new, margins, hidden, logits), time.perf_counter() - t0
 
 
 class _StopRules:
@@ -320,7 +324,7 @@ def _commit(state: DecodeState, found: _Found, keep: int, finish: str | None, st
     position = len(state.tokens)
     state.tokens.extend(new)
     return StepEvent(step, new, from_draft, sources, tree, [i - 1 for i in path[:keep]], draft_s, verify_s, position,
-                     len(state.tokens) - state.prompt_len, finish)
+                     len(state.tokens) - state.prompt_len, finish, found.margins[:keep])
 
 
 def _observe(drafter: Drafter, state: DecodeState, found: _Found) -> float:

@@ -55,6 +55,7 @@ class Summary:
     identical: bool  # token lists equal (over the common prefix while a run is unfinished)
     complete: bool  # both runs reached their end
     first_difference: int | None  # index of the first differing token, if any
+    tie_gap: float | None = None  # AR's top-2 logit gap at that token (small: a near-tie that flipped)
 
     @property
     def forwards_saved(self) -> int:
@@ -63,7 +64,8 @@ class Summary:
     def as_json(self) -> dict:
         return {"speedup": self.speedup, "tau": self.tau, "forwards": self.forwards,
                 "baseline_forwards": self.baseline_forwards, "forwards_saved": self.forwards_saved,
-                "identical": self.identical, "complete": self.complete, "first_difference": self.first_difference}
+                "identical": self.identical, "complete": self.complete, "first_difference": self.first_difference,
+                "tie_gap": self.tie_gap}
 
 
 class RunLike(Protocol):
@@ -74,6 +76,7 @@ class RunLike(Protocol):
     tokens_per_s: float
     tau: float
     forwards: int
+    margins: list[float]  # per token: the target's top-2 logit gap where it chose it
 
 
 def summarize(baseline: RunLike, method: RunLike) -> Summary:
@@ -81,7 +84,12 @@ def summarize(baseline: RunLike, method: RunLike) -> Summary:
     complete = baseline.done and method.done
     diff = first_difference(baseline.tokens, method.tokens, complete)
     return Summary(speedup(method.tokens_per_s, baseline.tokens_per_s), method.tau, method.forwards,
-                   baseline.forwards, diff is None, complete, diff)
+                   baseline.forwards, diff is None, complete, diff, gap_at(baseline.margins, diff))
+
+
+def gap_at(margins: Sequence[float], index: int | None) -> float | None:
+    """The top-2 logit gap at token `index` (None where there is no difference or no such token)."""
+    return margins[index] if index is not None and index < len(margins) else None
 
 
 def figures(runs: Sequence[dict], baseline_tokens: dict, baseline_tps: float) -> dict:

@@ -103,3 +103,12 @@ def choose_tokens(logits: torch.Tensor, positions: list[int], cfg: SamplingConfi
     from specdemo.sampling_fast import sampled_tokens
 
     return sampled_tokens(logits, positions, cfg)
+
+
+def top2_gaps(logits: torch.Tensor, rows: list[int]) -> list[float]:
+    """How far apart the best two logits of each of `rows` are.  A small gap is a near-tie: there a product computed
+    with other kernels or in another order (a GPU's bf16 tree rows) may pick the other token, so a run that differs
+    from AR shows the gap where it first differs."""
+    best = logits[rows].float().topk(2, dim=-1).values
+    return (best[:, 0] - best[:, 1]).tolist()
+

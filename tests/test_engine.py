@@ -134,6 +134,23 @@ def test_greedy_lossless_tiny_models_oracle_trees(tiny, seed):
         assert ev.tokens[: ev.accepted] == [ev.tree.tokens[i] for i in ev.accepted_nodes]
 
 
+def test_every_token_carries_the_targets_top2_gap_where_it_was_chosen(tiny_llama):
+    """A run that differs from AR shows how near a tie the first differing token was: each committed token carries the
+    gap between the target's two best logits at the row that chose it, for AR and for drafted steps alike."""
+    torch.manual_seed(3)
+    prompt = torch.randint(100, 5000, (10,)).tolist()
+    cfg = GenerationConfig(max_new_tokens=24)
+    ref, ar_events = run_to_end(tiny_llama, prompt, None, cfg)
+    with torch.no_grad():  # one full forward over prompt + answer: the logits that chose every answer token
+        logits = tiny_llama.model(torch.tensor([prompt + ref[:-1]])).logits[0, len(prompt) - 1:]
+    best = logits.float().topk(2, -1).values
+    ar_margins = [g for ev in ar_events for g in ev.margins]
+    assert ar_margins == pytest.approx((best[:, 0] - best[:, 1]).tolist(), abs=1e-4)
+    out, events = run_to_end(tiny_llama, prompt, OracleDrafter(ref, tiny_llama.vocab_size, 3), cfg)
+    assert out == ref and any(ev.accepted for ev in events)
+    assert [g for ev in events for g in ev.margins] == pytest.approx(ar_margins, abs=1e-4)
+
+
 def test_greedy_lossless_tiny_models_pld(tiny):
     prompt = ([321, 654, 987, 111] * 5) + [321, 654]
     cfg = GenerationConfig(max_new_tokens=32)

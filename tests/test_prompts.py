@@ -88,6 +88,7 @@ def _synthetic_result() -> dict:
     }
     target = SimpleNamespace(device=torch.device("cpu"), packed_linears=False, name="fake", dtype=torch.float32,
                              artifacts={})
+    runs["ar"][1]["margins"] = [0.25 + i for i in range(10)]  # AR's top-2 gap at each of t2's tokens
     return bench.summarise(target, ["ar", "pld", "hf"], runs, 32, bench.SamplingConfig())
 
 
@@ -115,6 +116,15 @@ def test_format_table_adds_a_per_group_table_after_the_unchanged_overall_one():
     assert rows["translation"] == ["1.00x/1.00", "2.00x/2.00", "1.00x/-"]
     assert rows["qa"] == ["1.00x/1.00", "0.80x/1.00", "2.00x/-"]
     assert rows["overall"] == ["1.00x/1.00", "1.14x/1.33", "1.33x/-"]
+
+
+def test_bench_lists_where_a_method_left_ars_tokens_and_how_near_a_tie_it_was():
+    res = _synthetic_result()  # hf's tokens on t2 differ from AR's from the first token on
+    hf = res["methods"]["hf"]["per_prompt"]
+    assert [p["first_difference"] for p in hf] == [None, 0, None]
+    assert hf[1]["tie_gap"] == 0.25  # AR's gap at t2's token 0
+    assert "hf differs from ar on 1 of 3 prompts: t2 at token 0 (top-2 gap 0.25)\n" in bench.format_table(res) + "\n"
+    assert "pld differs" not in bench.format_table(res)
 
 
 def test_bench_table_script_renders_the_per_group_table(tmp_path):

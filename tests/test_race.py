@@ -19,13 +19,15 @@ class Ev:
     finish_reason: str | None = None
     from_draft: list[bool] = field(default_factory=list)
     sources: list[str | None] = field(default_factory=list)
+    margins: list[float] = field(default_factory=list)
 
 
 def stream(costs: list[float], tokens_per_step: int = 1, start: int = 0):
-    """A fake generate(): one event per cost, the last one finished."""
+    """A fake generate(): one event per cost, the last one finished; token t was chosen with a top-2 gap of t / 10."""
     for i, c in enumerate(costs):
-        yield Ev(i, list(range(start + i * tokens_per_step, start + (i + 1) * tokens_per_step)), 0.1 * c, 0.9 * c,
-                 "length" if i == len(costs) - 1 else None)
+        tokens = list(range(start + i * tokens_per_step, start + (i + 1) * tokens_per_step))
+        yield Ev(i, tokens, 0.1 * c, 0.9 * c, "length" if i == len(costs) - 1 else None,
+                 margins=[t / 10 for t in tokens])
 
 
 def test_always_advances_the_run_with_less_compute():
@@ -99,7 +101,7 @@ def test_summary():
     for ev in stream([1.5, 1.5], tokens_per_step=3):
         spec.add(ev)
     s = summarize(ar, spec)
-    assert s.identical and s.complete and s.first_difference is None
+    assert s.identical and s.complete and s.first_difference is None and s.tie_gap is None
     assert s.speedup == pytest.approx((6 / 3.0) / (6 / 6.0))
     assert s.tau == 3.0 and s.forwards_saved == 4
 
@@ -108,6 +110,11 @@ def test_summary():
         other.add(ev)
     s = summarize(ar, other)
     assert not s.identical and s.first_difference == 0
+    assert s.tie_gap == 0.0  # AR's gap where the runs part: AR's token 0 was chosen with a gap of 0 / 10
+    longer = Run("ar")
+    for ev in stream([1.0] * 4, tokens_per_step=2):
+        longer.add(ev)
+    assert summarize(ar, longer).first_difference == 6 and summarize(ar, longer).tie_gap is None  # AR ended there
 
 
 def test_summary_while_running_compares_the_common_prefix():

@@ -89,6 +89,18 @@ def test_panes_and_summary():
     assert "Forwards saved" in s and "4 → 2" in s
 
 
+def test_a_difference_shows_where_and_how_near_a_tie_it_was():
+    rec = fake_record()
+    ar = rec.runs["ar"]
+    for i, ev in enumerate(ar.events):
+        ev.margins = [0.5 + i]  # AR chose token i with a top-2 logit gap of 0.5 + i
+    rec.runs["pld"].events[1].tokens = [6]  # the drafted run's 4th token now differs from AR's
+    rec.add("pld", rec.runs["pld"].events.pop(), "")
+    s = summary_html(rec)
+    assert "✗ differ at token 3" in s and "top-2 logit gap 3.5" in s
+    assert rec.summaries["pld"].as_json()["tie_gap"] == 3.5
+
+
 def test_tree_view_marks_accepted_rejected_and_the_targets_token():
     rec = fake_record()
     html = tree_html(rec, 0, "pld")

@@ -26,7 +26,8 @@ def race_api(prompt: str, method: str = DEFAULT_METHOD, model: str = EMBEDDED, m
     `queue_wait_s` (seconds spent waiting for the requests ahead), `ar` and `spec` (`text`, `new_tokens`, `wall_time`
     (the run's own compute seconds), `tokens_per_s`, `decoding_steps`, `accept_lengths`, `tau`, `done`; `spec.spans`
     lists `{text, step, accepted_draft, source}`), `summary` (`speedup`, `tau`, `forwards`, `baseline_forwards`,
-    `forwards_saved`, `identical`, `complete`, `first_difference`) and, in the final dict, `run` (the export)."""
+    `forwards_saved`, `identical`, `complete`, `first_difference`, `tie_gap`: AR's top-2 logit gap there) and, in
+    the final dict, `run` (the export)."""
     yield from _stream(lambda: race_request(prompt, method, model, max_new_tokens, temperature, top_p, top_k, seed,
                                             options),
                        RaceRequest("", (str(method)[:40],)), model)

@@ -31,6 +31,7 @@ class Event(Protocol):
     draft_s: float
     verify_s: float
     finish_reason: str | None
+    margins: list[float]
 
 
 @dataclass
@@ -53,6 +54,10 @@ class Run:
     @property
     def tokens(self) -> list[int]:
         return [t for e in self.events for t in e.tokens]
+
+    @property
+    def margins(self) -> list[float]:
+        return [g for e in self.events for g in e.margins]
 
     @property
     def n_tokens(self) -> int:

@@ -7,6 +7,7 @@ import html
 
 from specdemo.app.record import AR, RaceRecord, groups_of
 from specdemo.app.tree_svg import tree_svg
+from specdemo.metrics import Summary
 
 OWN_STYLE = ("own", "the target's own", "#fef3c7", "#713f12")  # how the target's own tokens look by source
 
@@ -116,7 +117,7 @@ def summary_html(rec: RaceRecord | None, update: str | None = None, drawn: int =
     if s.identical:
         ident = "✓ identical" if s.complete else "✓ identical so far"
     else:
-        ident = f"✗ differ at token {s.first_difference}"
+        ident = f"✗ differ at token {_difference(s)}"
     cards = [
         ("Speedup", speed, f"tokens/s vs autoregressive ({note})", "sd-big" if final else ""),
         ("τ", f"{s.tau:.2f}", "tokens per target forward", ""),
@@ -130,6 +131,15 @@ def summary_html(rec: RaceRecord | None, update: str | None = None, drawn: int =
             f'data-ar-tps="{rec.runs["ar"].tokens_per_s:.4f}" data-wall-s="{wall:.3f}" data-page-s="{other:.3f}" '
             f'data-drawn="{drawn}"{ack}')
     return f'<div class="sd-summary" {data}>{inner}{clock}</div>'
+
+
+def _difference(s: Summary) -> str:
+    """Where a run first left AR's tokens and, where AR chose that token, how near a tie it was: a gap of a few
+    hundredths between the target's two best logits is a flip of rounding (reduced precision, other kernels); a large
+    gap is not."""
+    if s.tie_gap is None:
+        return f"{s.first_difference}"
+    return f'{s.first_difference} <span class="sd-gap">(top-2 logit gap {s.tie_gap:.3g})</span>'
 
 
 def _progress_word(rec: RaceRecord) -> str:
@@ -180,7 +190,7 @@ def lanes_html(rec: RaceRecord | None) -> str:
         draft = sum(e.draft_s for e in run.events)
         pct = 100 * draft / run.compute_s if run.compute_s else None
         share = "–" if pct is None else f"{pct:.0f}% / {100 - pct:.0f}%"
-        same = "–" if s is None else ("✓" if s.identical else f"✗ at {s.first_difference}")
+        same = "–" if s is None else ("✓" if s.identical else f"✗ at {_difference(s)}")
         speedup = 1.0 if key == "ar" else s.speedup if s else None
         speed = "–" if speedup is None else f"{speedup:.2f}×"
         rows.append(f'<tr data-lane="{key}" data-tps="{run.tokens_per_s:.4f}" '
