@@ -99,6 +99,9 @@ def test_a_difference_shows_where_and_how_near_a_tie_it_was():
     s = summary_html(rec)
     assert "✗ differ at token 3" in s and "top-2 logit gap 3.5" in s
     assert rec.summaries["pld"].as_json()["tie_gap"] == 3.5
+    assert "token lists compared" in s
+    rec.caveat = "bfloat16 (too large for fp32 on this GPU): output may differ from plain decoding at near-ties"
+    assert "may differ from plain decoding at near-ties" in summary_html(rec)  # a half-precision model says so
 
 
 def test_tree_view_marks_accepted_rejected_and_the_targets_token():

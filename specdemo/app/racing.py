@@ -191,7 +191,7 @@ def _start(rec: RaceRecord, prep: Prepared) -> dict[str, TextBuilder]:
     rec.set_lanes({m: lane_style(m) for m in prep.methods})
     target = prep.target
     rec.model, rec.device, rec.dtype = target.name, target.device.type, str(target.dtype).replace("torch.", "")
-    rec.precision = target.precision
+    rec.precision, rec.caveat = target.precision, target.precision_note
     rec.prompt_tail = prep.ids[-1:]
     builders = {k: TextBuilder(target.decode) for k in rec.runs}
     rec.pieces = {k: b.pieces for k, b in builders.items()}

@@ -176,6 +176,7 @@ class RaceRecord:
     device: str = ""
     dtype: str = ""
     precision: str = "fp32"  # the CPU precision of the model's linears (precision.py)
+    caveat: str = ""  # why the outputs may differ from AR's (a model in half precision on a GPU); "" when exact
     status: str = "queued"  # queued | starting | running | done | stopped | error
     message: str | None = None
     queue_wait_s: float = 0.0  # seconds spent waiting for the races ahead of this one
@@ -263,7 +264,7 @@ def record_json(rec: RaceRecord) -> dict:
     req = rec.request
     out = {
         "specdemo": __version__, "model": rec.model, "device": rec.device, "dtype": rec.dtype,
-        "precision": rec.precision,
+        "precision": rec.precision, "caveat": rec.caveat,
         "method": req.method, "status": rec.status, "prompt": req.prompt,
         "settings": {"max_new_tokens": req.max_new_tokens, **asdict(req.sampling), "options": req.options_json()},
         "runs": {lane: run_json(rec, lane) for lane in rec.runs},

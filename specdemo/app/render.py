@@ -122,7 +122,7 @@ def summary_html(rec: RaceRecord | None, update: str | None = None, drawn: int =
         ("Speedup", speed, f"tokens/s vs autoregressive ({note})", "sd-big" if final else ""),
         ("τ", f"{s.tau:.2f}", "tokens per target forward", ""),
         ("Forwards saved", f"{s.forwards_saved}", f"{s.baseline_forwards} → {s.forwards} target forwards", ""),
-        ("Outputs", ident, "token lists compared", ident_cls),
+        ("Outputs", ident, _esc(rec.caveat) or "token lists compared", ident_cls),
     ]
     inner = _cards_html(cards)
     wall, other = rec.wall_s, rec.other_s
@@ -170,8 +170,8 @@ def _board_summary_html(rec: RaceRecord, ack: str, drawn: int) -> str:
          "sd-big" if not rec.active else ""),
         ("Lanes", f"{len(rec.runs)}", f"{racing} still racing" if racing else "all finished", ""),
         ("Best τ", f"{max(rec.runs[k].tau for k in rec.method_lanes):.2f}", "tokens per target forward", ""),
-        ("Outputs", "✓ all identical" if identical else "✗ some differ", "every lane vs autoregressive",
-         "sd-ok" if identical else "sd-bad"),
+        ("Outputs", "✓ all identical" if identical else "✗ some differ",
+         _esc(rec.caveat) or "every lane vs autoregressive", "sd-ok" if identical else "sd-bad"),
     ]
     inner = _cards_html(cards)
     data = (f'data-status="{rec.status}" data-lanes="{len(rec.runs)}" data-identical="{int(identical)}" '
