@@ -27,7 +27,7 @@ import torch
 from specdemo import cuda_graphs
 from specdemo.kvcache import KVCache
 from specdemo.sampling import SamplingConfig, choose_tokens, top2_gaps
-from specdemo.static_step import STATIC_BUCKETS, StaticSteps, wanted
+from specdemo.static_step import StaticSteps, configured_buckets, wanted
 from specdemo.target import Target, UnsupportedForTree, decoder_features
 from specdemo.tree import DraftTree, TreeBuffers
 from specdemo.verify import check_tree_support, tree_forward
@@ -136,7 +136,7 @@ class GenerationConfig:
     max_tree_nodes: int = 64
     # Static shapes, what CUDA graphs need (static_step.py); None: SPECDEMO_STATIC_SHAPES, else on for CUDA only.
     static_shapes: bool | None = None
-    static_buckets: tuple[int, ...] = STATIC_BUCKETS
+    static_buckets: tuple[int, ...] = field(default_factory=configured_buckets)  # without 0: AR steps padded too
     # With static shapes on CUDA: replay each bucket's forward as a CUDA graph (cuda_graphs.py); None:
     # SPECDEMO_CUDA_GRAPHS=1, else off (eager) until a GPU run has proved it.
     cuda_graphs: bool | None = None

@@ -23,6 +23,8 @@ are exact where plain decoding's are (fp32).  tests/test_static_shapes.py checks
 the accept lengths of every step that verified the same tree.  A drafter that drafts from the target's features (S4C, SDSAT) sees that rounding too, so a
 near-tie among its candidates may rank differently and a later tree differ: the tokens stay the same.
 
+Buckets: `GenerationConfig.static_buckets`, by default SPECDEMO_STATIC_BUCKETS when set (`configured_buckets`).
+
 Default: `GenerationConfig.static_shapes` None means SPECDEMO_STATIC_SHAPES (1/0) when set, else on for CUDA and off
 elsewhere.  A CPU has no graph to gain and pays for the fixed length (all `capacity` keys every step instead of the
 committed ones, and the padded rows), so the CPU default stays the plain engine's path.
@@ -41,6 +43,7 @@ from specdemo.tree import DraftTree, TreeBuffers
 
 STATIC_BUCKETS: tuple[int, ...] = (0, 4, 8, 16, 32, 64)  # tree nodes; the forward sees one row more (the root)
 ENV = "SPECDEMO_STATIC_SHAPES"
+BUCKETS_ENV = "SPECDEMO_STATIC_BUCKETS"
 
 
 def wanted(flag: bool | None, device: torch.device) -> bool:
@@ -51,10 +54,32 @@ def wanted(flag: bool | None, device: torch.device) -> bool:
     return env not in ("0", "false", "no") if env else device.type == "cuda"
 
 
+def configured_buckets() -> tuple[int, ...]:
+    """The buckets runs use: SPECDEMO_STATIC_BUCKETS (comma-separated node counts) when set, else STATIC_BUCKETS.
+
+    One bucket without 0 (e.g. "16") sends every step, AR's included, through the same padded forward: a row then
+    meets the same kernels whether it is an AR step's or a tree's, which makes a chain's rows bit-identical to the AR
+    steps that compute the same tokens (on the CPU at fp32, the top-2 logit gap of every token prompt lookup's chains
+    committed equalled AR's bit for bit, 384 of 384 over 8 tune prompts; with AR in its own bucket 22 did).  A side
+    branch's ancestors are not where AR has them, so its rows still round differently.  It is the experiment for
+    reduced precision on a GPU, where such rounding flips near-ties."""
+    raw = os.environ.get(BUCKETS_ENV, "").strip()
+    if not raw:
+        return STATIC_BUCKETS
+    try:
+        buckets = tuple(sorted({int(b) for b in raw.split(",") if b.strip()}))
+    except ValueError:
+        buckets = ()
+    if not buckets or min(buckets) < 0:
+        raise ValueError(f"{BUCKETS_ENV} takes comma-separated node counts >= 0, e.g. 16 or 0,4,8,16 (got {raw!r})")
+    return buckets
+
+
 def buckets_for(max_nodes: int, buckets: Sequence[int] = STATIC_BUCKETS) -> tuple[int, ...]:
-    """The buckets of a run whose trees have at most `max_nodes` nodes: 0 (the AR step), those below max_nodes, and
-    max_nodes itself, so that every tree the engine lets through has a bucket."""
-    return tuple(sorted({0, max_nodes} | {b for b in buckets if 0 < b < max_nodes}))
+    """The buckets of a run whose trees have at most `max_nodes` nodes: those of `buckets` below max_nodes and
+    max_nodes itself, so that every tree the engine lets through has a bucket.  Without 0 (the AR step alone) among
+    `buckets`, a step with no draft is padded to the smallest bucket like any tree."""
+    return tuple(sorted({max_nodes} | {b for b in buckets if b < max_nodes}))
 
 
 @dataclass

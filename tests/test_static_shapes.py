@@ -12,10 +12,10 @@ from conftest import OracleDrafter
 
 import specdemo.engine as engine
 from specdemo.drafters import make_drafter
-from specdemo.engine import GenerationConfig, run_to_end
+from specdemo.engine import Drafter, GenerationConfig, run_to_end
 from specdemo.verify import check_tree_support, prefilled_cache, trial_forward
 from specdemo.sampling import SamplingConfig
-from specdemo.static_step import STATIC_BUCKETS, StaticSteps, buckets_for, wanted
+from specdemo.static_step import STATIC_BUCKETS, StaticSteps, buckets_for, configured_buckets, wanted
 from specdemo.target import UnsupportedForTree
 from specdemo.tree import DraftTree, TreeBuffers
 
@@ -76,11 +76,58 @@ def same_runs(target, ids, make, cfg, same_trees=True):
     return events
 
 
+class ChainDrafter(Drafter):
+    """Drafts the known continuation as one chain of up to five tokens, every third chain wrong at its end."""
+
+    name = "chain"
+
+    def __init__(self, reference: list[int]) -> None:
+        self.reference, self.calls = reference, 0
+
+    def propose(self, state) -> DraftTree:
+        self.calls += 1
+        done = len(state.generated)
+        truth = list(self.reference[done : done + 5])
+        if truth and self.calls % 3 == 0:
+            truth[-1] = (truth[-1] + 1) % 5000
+        return DraftTree.chain(truth)
+
+
 # ---------------------------------------------------------------- buckets and buffers
 def test_buckets_cover_every_tree_the_engine_lets_through():
     assert buckets_for(64) == STATIC_BUCKETS == (0, 4, 8, 16, 32, 64)
     assert buckets_for(10) == (0, 4, 8, 10) and buckets_for(100) == (0, 4, 8, 16, 32, 64, 100)
-    assert buckets_for(6, (2,)) == (0, 2, 6) and buckets_for(0) == (0,)
+    assert buckets_for(6, (2,)) == (2, 6) and buckets_for(0) == (0,)  # without 0, AR steps take the smallest bucket
+
+
+def test_buckets_from_the_environment(monkeypatch):
+    monkeypatch.delenv("SPECDEMO_STATIC_BUCKETS", raising=False)
+    assert configured_buckets() == STATIC_BUCKETS == GenerationConfig().static_buckets
+    monkeypatch.setenv("SPECDEMO_STATIC_BUCKETS", "16")
+    assert configured_buckets() == (16,) == GenerationConfig().static_buckets
+    monkeypatch.setenv("SPECDEMO_STATIC_BUCKETS", "8, 0,4")
+    assert configured_buckets() == (0, 4, 8)
+    for bad in ("x", "-1", ","):
+        monkeypatch.setenv("SPECDEMO_STATIC_BUCKETS", bad)
+        with pytest.raises(ValueError, match="node counts >= 0"):
+            configured_buckets()
+
+
+def test_ar_in_the_trees_bucket_computes_a_chains_rows_bit_for_bit(tiny_llama):
+    """With one bucket for every step, AR's rows and a chain's rows meet the same kernels: the target's top-2 logit
+    gap of every committed token is the same float in both runs.  With AR in its own bucket of one row, some are not
+    (the products of one row and of many sum in another order), which is what the one bucket is for."""
+    torch.manual_seed(5)
+    prompt = torch.randint(100, 5000, (12,)).tolist()
+    gaps = {}
+    for buckets in ((0, 16), (16,)):
+        cfg = GenerationConfig(max_new_tokens=32, static_shapes=True, static_buckets=buckets, max_tree_nodes=16)
+        ref, ar = run_to_end(tiny_llama, prompt, None, cfg)
+        out, chain = run_to_end(tiny_llama, prompt, ChainDrafter(ref), cfg)
+        assert out == ref and any(e.accepted for e in chain)
+        gaps[buckets] = list(zip((g for e in ar for g in e.margins), (g for e in chain for g in e.margins)))
+    assert all(a == b for a, b in gaps[(16,)])
+    assert any(a != b for a, b in gaps[(0, 16)])
 
 
 def test_default_is_on_for_cuda_only_and_the_env_decides_when_set(monkeypatch):
@@ -152,7 +199,7 @@ def test_compaction_keeps_only_the_accepted_path(tiny):
     torch.manual_seed(1)
     ctx = torch.randint(100, 5000, (9,)).tolist()
     tree = DraftTree(tokens=[11, 22, 33, 44, 55], parents=[-1, -1, 1, 2, 1])  # accept 22 -> 33 -> 44 (not first)
-    steps = StaticSteps(tiny, 20, 8, (8,))
+    steps = StaticSteps(tiny, 20, 8, (0, 8))
     tiny.decoder(input_ids=torch.tensor([ctx[:-1]]), past_key_values=steps.cache, use_cache=True)
     past = len(ctx) - 1
     steps.forward(ctx[-1:] + tree.tokens, TreeBuffers.build(tree, past), past)
