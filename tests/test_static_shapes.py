@@ -113,21 +113,18 @@ def test_buckets_from_the_environment(monkeypatch):
             configured_buckets()
 
 
-def test_ar_in_the_trees_bucket_computes_a_chains_rows_bit_for_bit(tiny_llama):
-    """With one bucket for every step, AR's rows and a chain's rows meet the same kernels: the target's top-2 logit
-    gap of every committed token is the same float in both runs.  With AR in its own bucket of one row, some are not
-    (the products of one row and of many sum in another order), which is what the one bucket is for."""
+def test_ar_in_the_trees_bucket_computes_a_chains_rows_bit_for_bit(tiny_llama, recording):
+    """With one bucket for every step, AR's rows and a chain's rows go through the same 17-row forward, and the
+    target's top-2 logit gap of every committed token is the same float in both runs.  (With AR in a bucket of its
+    own, a one-row forward, the gaps differ in their last bits on the dev CPU: one row and many sum in other orders.)"""
     torch.manual_seed(5)
     prompt = torch.randint(100, 5000, (12,)).tolist()
-    gaps = {}
-    for buckets in ((0, 16), (16,)):
-        cfg = GenerationConfig(max_new_tokens=32, static_shapes=True, static_buckets=buckets, max_tree_nodes=16)
-        ref, ar = run_to_end(tiny_llama, prompt, None, cfg)
-        out, chain = run_to_end(tiny_llama, prompt, ChainDrafter(ref), cfg)
-        assert out == ref and any(e.accepted for e in chain)
-        gaps[buckets] = list(zip((g for e in ar for g in e.margins), (g for e in chain for g in e.margins)))
-    assert all(a == b for a, b in gaps[(16,)])
-    assert any(a != b for a, b in gaps[(0, 16)])
+    cfg = GenerationConfig(max_new_tokens=32, static_shapes=True, static_buckets=(16,), max_tree_nodes=16)
+    ref, ar = run_to_end(tiny_llama, prompt, None, cfg)
+    out, chain = run_to_end(tiny_llama, prompt, ChainDrafter(ref), cfg)
+    assert out == ref and any(e.accepted for e in chain)
+    assert {rows for run in recording for _, rows in run.rows} == {17}  # AR's steps padded like the trees
+    assert [g for e in ar for g in e.margins] == [g for e in chain for g in e.margins]
 
 
 def test_default_is_on_for_cuda_only_and_the_env_decides_when_set(monkeypatch):
