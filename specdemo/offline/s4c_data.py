@@ -66,11 +66,13 @@ def extract_features(target, records: list[dict], cache_file: Path, max_prompt: 
 
 
 def build_draft_vocab(records: list[dict], size: int, vocab_size: int, always: list[int]) -> torch.Tensor:
-    """The ids the heads score, sorted: the `always` ids (EOS, special tokens) and the records' most frequent tokens,
-    `size` in all (only tokens that occur, when at least 16 do)."""
+    """The ids the heads score, sorted: the `always` ids (EOS, special tokens) and the most frequent tokens of the
+    records' answers (`ids` from `start` on), `size` in all (only tokens that occur, when at least 16 do).  Answers
+    only: the heads draft answer tokens, and the drafter adds every token of the request itself at run time."""
     counts = torch.zeros(vocab_size, dtype=torch.long)
     for r in records:
-        counts.index_add_(0, torch.tensor(r["ids"]), torch.ones(len(r["ids"]), dtype=torch.long))
+        ids = r["ids"][r.get("start", 0):]
+        counts.index_add_(0, torch.tensor(ids, dtype=torch.long), torch.ones(len(ids), dtype=torch.long))
     counts[torch.tensor([t for t in always if 0 <= t < vocab_size], dtype=torch.long)] += 10 ** 9
     k = min(size, vocab_size)
     top = torch.topk(counts, k).indices
