@@ -59,10 +59,9 @@ def configured_buckets() -> tuple[int, ...]:
 
     One bucket without 0 (e.g. "16") sends every step, AR's included, through the same padded forward: a row then
     meets the same kernels whether it is an AR step's or a tree's, which makes a chain's rows bit-identical to the AR
-    steps that compute the same tokens (on the CPU at fp32, the top-2 logit gap of every token prompt lookup's chains
-    committed equalled AR's bit for bit, 384 of 384 over 8 tune prompts; with AR in its own bucket 22 did).  A side
-    branch's ancestors are not where AR has them, so its rows still round differently.  It is the experiment for
-    reduced precision on a GPU, where such rounding flips near-ties."""
+    steps that compute the same tokens (docs/precision.md).  A side branch's ancestors are not where AR has them, so
+    its rows still round differently.  It is the experiment for reduced precision on a GPU, where such rounding
+    flips near-ties."""
     raw = os.environ.get(BUCKETS_ENV, "").strip()
     if not raw:
         return STATIC_BUCKETS
