@@ -141,8 +141,8 @@ def summarise(target: Target, methods: list[str], runs: dict[str, list[dict]], m
         rs = runs[m]
         draft = [s for r in rs for s in r["draft_s"]]
         verify = [s for r in rs for s in r["verify_s"]]
-        same = [r["tokens"] == ar[r["id"]] for r in rs]
-        diffs = [first_difference(ar[r["id"]], r["tokens"], complete=True) for r in rs]
+        diffs = [first_difference(ar[r["id"]], r["tokens"], complete=True) for r in rs]  # None: the same tokens
+        same = [d is None for d in diffs]
         out["methods"][m] = {
             **{k: v for k, v in figures(rs, ar, ar_tps).items() if k != "prompts"},
             "draft_ms": 1e3 * statistics.median(draft) if draft else None,
@@ -196,7 +196,7 @@ def difference_lines(result: dict, shown: int = 3) -> list[str]:
     lines = []
     for m, r in result["methods"].items():
         differ = [p for p in r["per_prompt"] if not p["identical"]]
-        if not differ or m == "ar":
+        if not differ:
             continue
         where = ", ".join(f"{p['id']} at token {p['first_difference']}"
                           + ("" if p.get("tie_gap") is None else f" (top-2 gap {p['tie_gap']:.3g})")

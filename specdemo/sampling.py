@@ -111,4 +111,3 @@ def top2_gaps(logits: torch.Tensor, rows: list[int]) -> list[float]:
     from AR shows the gap where it first differs."""
     best = logits[rows].float().topk(2, dim=-1).values
     return (best[:, 0] - best[:, 1]).tolist()
-

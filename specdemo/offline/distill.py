@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from specdemo.kvcache import KVCache
 from specdemo.offline import code_prompts, shards, sharegpt, train_loop
 from specdemo.offline.build_datastore import load_tokenizer
 from specdemo.offline.corpus import (
@@ -41,7 +42,6 @@ from specdemo.offline.corpus import (
     journal_path,
     read_corpus,
 )
-from specdemo.kvcache import KVCache
 from specdemo.offline.sharegpt import Decontaminator
 from specdemo.target import load_target
 
@@ -192,8 +192,8 @@ def _answer(target, todo: list[tuple[str, list[int]]], journal: Path, records: l
         # whole batch's context and took half of a CPU step at 8 rows x 1,000 tokens
         cache = KVCache(capacity=width + max_new_tokens + 1)
         gen = target.model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=max_new_tokens,
-                                    past_key_values=cache, do_sample=False, temperature=None, top_p=None, top_k=None, pad_token_id=pad,
-                                    eos_token_id=sorted(target.eos_ids))
+                                    past_key_values=cache, do_sample=False, temperature=None, top_p=None, top_k=None,
+                                    pad_token_id=pad, eos_token_id=sorted(target.eos_ids))
         rows = []
         for (pid, ids), g in zip(batch, gen[:, width:].tolist()):
             answer, finish = _cut_answer(g, target.eos_ids)
