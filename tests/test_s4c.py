@@ -19,6 +19,7 @@ from specdemo.drafters.s4c.heads import (
     save_heads,
 )
 from specdemo.engine import GenerationConfig, run_to_end
+from specdemo.offline.feature_store import FeatureStore, extract
 from specdemo.offline.train_s4c import unrolled_losses
 from specdemo.sampling import SamplingConfig
 
@@ -161,7 +162,8 @@ def test_training_loss_falls(tiny_llama, tmp_path):
         intermediate_size=64, draft_vocab=512, steps=30, epochs=1, minutes=0, batch_size=3, lr=3e-3,
         weight_decay=0.0, warmup=2, noise=0.0, loss_weights=[0.1, 1.0, 1.0], max_prompt=16, max_len=64,
         heldout_max=0, seed=0, log_every=10, eval_every=1000, ckpt_every=15, resume=True,
-        feature_cache=str(tmp_path / "fc"), threads=0, init=None, first=[0], feature_layers=[], new_vocab=False)
+        feature_cache=str(tmp_path / "fc"), threads=0, init=None, first=[0], feature_layers=[], new_vocab=False,
+        feature_batch_tokens=4096, feature_part_records=256)
     records = s4c.read_records([str(data)])
     # --first: the first N records of each file (one number per file or one for all), 0 = all
     assert [r["id"] for r in s4c.read_records([str(data), str(data)], [2, 0])] == ["r0", "r1"] + [r["id"] for r in recs]
@@ -169,11 +171,11 @@ def test_training_loss_falls(tiny_llama, tmp_path):
     with pytest.raises(ValueError, match="one per --data file"):
         s4c.read_records([str(data)], [1, 2])
     target = t
-    feats = s4c.extract_features(target, records, tmp_path / "fc" / "f.pt", 16, log=lambda m: None)
+    feats = stored_features(target, records, tmp_path / "fc")
     heads = S4CHeads(target, 3, 64, s4c.build_draft_vocab(records, 512, target.lm_head.weight.shape[0], [0]))
     heads.train()
     opt = torch.optim.AdamW(heads.parameters(), lr=3e-3)
-    ids, ft, lens, starts = s4c.collate(records, feats, 16, 64, torch.float32, "cpu")
+    ids, ft, lens, starts = s4c.collate(records, feats, torch.float32, "cpu")
     first = last = None
     for step in range(60):
         loss, ms = unrolled_losses(heads, ids, ft, lens, starts)
@@ -224,8 +226,8 @@ def test_held_out_hits_against_the_whole_vocabulary(tiny_llama, tmp_path):
     t = tiny_llama
     torch.manual_seed(0)
     records = [{"id": f"r{i}", "ids": torch.randint(100, 400, (40,)).tolist(), "start": 6} for i in range(4)]
-    feats = s4c.extract_features(t, records, tmp_path / "f.pt", 16, log=lambda m: None)
-    ids, ft, lens, starts = s4c.collate(records, feats, 16, 64, torch.float32, "cpu")
+    feats = stored_features(t, records, tmp_path / "f")
+    ids, ft, lens, starts = s4c.collate(records, feats, torch.float32, "cpu")
     whole = S4CHeads(t, 3, 64, torch.arange(t.lm_head.weight.shape[0]))
     with torch.no_grad():
         full_labels = (ft[..., -whole.d:] @ t.lm_head.weight.T).argmax(-1).unique()
@@ -287,11 +289,18 @@ def test_prompt_lookup_graft_lossless_and_budget(tiny_llama):
     assert all(e.tree_size <= 12 for e in events)
 
 
+def stored_features(target, records: list[dict], folder, layers: tuple[int, ...] = ()) -> FeatureStore:
+    """The records' features in a store of 16-token prompts and 64-token windows."""
+    store = FeatureStore(folder, 16, 64)
+    extract(target, records, store, layers, log=lambda m: None)
+    return store
+
+
 def _train_args(model: str, data, out, fc) -> list[str]:
     return ["train", "s4c", "--model", model, "--data", str(data), "--out", str(out), "--intermediate-size", "64",
             "--draft-vocab", "512", "--steps", "2", "--batch-size", "5", "--lr", "3e-3", "--warmup", "2",
             "--max-prompt", "16", "--max-len", "64", "--heldout-max", "0", "--log-every", "2", "--ckpt-every", "100",
-            "--feature-cache", str(fc)]
+            "--feature-cache", str(fc), "--feature-part-records", "4"]
 
 
 @pytest.mark.slow
@@ -307,6 +316,7 @@ def test_accelerate_launch_with_two_processes_trains_the_heads_one_process_train
     from safetensors.torch import load_file
 
     from specdemo import cli
+    from specdemo.offline import s4c_data
 
     launcher = shutil.which("accelerate", path=os.path.dirname(sys.executable))
     if launcher is None:
@@ -328,6 +338,13 @@ def test_accelerate_launch_with_two_processes_trains_the_heads_one_process_train
                           env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "data parallel over 2 processes" in (tmp_path / "two" / "train_log.txt").read_text()
+    # the processes shared the features' parts out (3 parts of 4 records) and stored what one process stores
+    (one_store,), (two_store,) = (list(fc.iterdir()) for fc in (tmp_path / "fc", tmp_path / "fc2"))
+    assert len(list(two_store.glob("part-*.safetensors"))) == 3
+    one_feats, two_feats = FeatureStore(one_store, 16, 64), FeatureStore(two_store, 16, 64)
+    assert one_feats.index.keys() == two_feats.index.keys() and len(one_feats) >= 9
+    records = s4c_data.read_records([str(data)])
+    assert all(torch.equal(one_feats.window(r), two_feats.window(r)) for r in records if r in one_feats)
     one = torch.load(tmp_path / "one" / "checkpoint.pt", weights_only=False)["model"]  # fp32, unlike the artifact
     two = torch.load(tmp_path / "two" / "checkpoint.pt", weights_only=False)["model"]
     assert one.keys() == two.keys() and load_file(tmp_path / "two" / "model.safetensors").keys()
@@ -346,7 +363,6 @@ def test_fused_feature_heads_train_save_and_draft_losslessly(tiny_llama, tmp_pat
     features, keeps its layers through save and load, and the drafter it makes declares them to the engine, gets
     the wide features and drafts losslessly."""
     from specdemo.offline import train_s4c as s4c
-    from specdemo.offline.s4c_data import extract_features
 
     t, d = tiny_llama, tiny_llama.model.config.hidden_size
     rng = torch.Generator().manual_seed(0)
@@ -354,12 +370,12 @@ def test_fused_feature_heads_train_save_and_draft_losslessly(tiny_llama, tmp_pat
     for i in range(6):
         base = torch.randint(100, 400, (8,), generator=rng).tolist()
         records.append({"id": f"r{i}", "ids": base[:4] + (base * 6)[:40], "start": 4})
-    feats = extract_features(t, records, tmp_path / "f.pt", 16, log=lambda m: None, layers=(1,))
-    assert next(iter(feats.values())).shape[-1] == 2 * d
+    feats = stored_features(t, records, tmp_path / "f", layers=(1,))
+    assert feats.window(records[0]).shape[-1] == 2 * d
     vocab = s4c.build_draft_vocab(records, 512, t.lm_head.weight.shape[0], [0])
     plain, fused = S4CHeads(t, 3, 64, vocab), S4CHeads(t, 3, 64, vocab, feature_layers=(1,))
     fused.load_state_dict(plain.state_dict(), strict=False)
-    ids, ft, lens, starts = s4c.collate(records, feats, 16, 64, torch.float32, "cpu")
+    ids, ft, lens, starts = s4c.collate(records, feats, torch.float32, "cpu")
     with torch.no_grad():  # the fresh projection passes the last hidden state through
         torch.testing.assert_close(unrolled_losses(fused, ids, ft, lens, starts)[0],
                                    unrolled_losses(plain, ids, ft[..., -d:], lens, starts)[0])

@@ -2,8 +2,8 @@
 
 Training (§3.1.2) -- `python -m specdemo train s4c`
 -----------------
-Unrolled over the three heads with teacher-forced target features computed ONCE (one target forward per sequence,
-cached fp16 under `cache_root()/s4c-features`).  Per head h and position t (predicting an answer token):
+Unrolled over the three heads with teacher-forced target features computed ONCE (kept fp16 on disk by
+feature_store.py under `cache_root()/s4c-features`, memory-mapped while training).  Per head h and position t (predicting an answer token):
     L_h = w_ce * CE(lm(g_{h,t}), y_{t+h+1}) + w_soft * CE(lm(g_{h,t}), softmax(lm(f_{t+h}))) + w_l1 * SmoothL1(g_{h,t}, f_{t+h})
 and L = sum_h head_weight_h * L_h, where y_{t+h+1} = argmax lm(f_{t+h}) is the target's own greedy token (on the
 self-distilled answers that is the next token itself; on extra text such as stdlib code it is what the target would
@@ -33,16 +33,9 @@ from specdemo.drafters.s4c.heads import (
     load_heads,
     save_heads,
 )
-from specdemo.offline import corpus, train_loop
-from specdemo.offline.s4c_data import (
-    batch_counts,
-    build_draft_vocab,
-    collate,
-    extract_features,
-    feature_cache,
-    read_records,
-    valid_counts,
-)
+from specdemo.offline import corpus, feature_store, train_loop
+from specdemo.offline.feature_store import FeatureStore
+from specdemo.offline.s4c_data import batch_counts, build_draft_vocab, collate, read_records, valid_counts
 from specdemo.offline.s4c_metrics import format_metrics, hits, hits_full, sum_metrics
 from specdemo.target import load_target
 
@@ -116,7 +109,7 @@ def evaluate(heads, records, feats, args, dev) -> dict:
     acc: list = []
     for i in range(0, len(records), args.batch_size):
         batch = records[i : i + args.batch_size]
-        ids, ft, lens, starts = collate(batch, feats, args.max_prompt, args.max_len, torch.float32, dev)
+        ids, ft, lens, starts = collate(batch, feats, torch.float32, dev)
         _, ms = unrolled_losses(heads, ids, ft, lens, starts, tuple(args.loss_weights), full_vocab=True)
         acc = sum_metrics(acc, ms)
     heads.train()
@@ -214,10 +207,7 @@ def train(args) -> int:
     total_steps = args.steps or args.epochs * math.ceil(len(data.train) / args.batch_size)
     if resumed is not None and not args.steps:
         total_steps = max(total_steps, resumed.get("total_steps", 0))
-    layers = tuple(args.feature_layers)
-    with ddp.state.main_process_first():  # the main process computes and caches the features; the others read them
-        feats = extract_features(target, (data.train if total_steps else []) + data.held,
-                                 feature_cache(target, args.feature_cache, layers), args.max_prompt, log, layers)
+    feats = _features(args, target, (data.train if total_steps else []) + data.held, ddp, log)
     run = _start(args, target, data, resumed, total_steps, log)
     ddp.same_parameters(run.heads)
     if resumed is not None:
@@ -239,6 +229,21 @@ def train(args) -> int:
         _final_heldout(run.heads, data.held, feats, args, out, log)
     log(f"done: {run.step} steps in {(time.time() - t_start) / 60:.1f} min")
     return 0
+
+
+def _features(args, target, records: list[dict], ddp: train_loop.DataParallel, log) -> FeatureStore:
+    """The records' target features, computed where the store lacks them (the processes share the parts out)."""
+    layers = tuple(args.feature_layers)
+    folder = feature_store.store_folder(target, args.max_prompt, args.max_len, layers, args.feature_cache)
+    store = FeatureStore(folder, args.max_prompt, args.max_len)
+    if ddp.world > 1:
+        ddp.state.wait_for_everyone()
+    feature_store.extract(target, records, store, layers, log, args.feature_batch_tokens, ddp.rank, ddp.world,
+                          args.feature_part_records)
+    if ddp.world > 1:
+        ddp.state.wait_for_everyone()
+        store.refresh()
+    return store
 
 
 def _read_data(args, log) -> _Data | None:
@@ -277,7 +282,7 @@ def _save(run: _Run, args, data: _Data, out: Path, command: str) -> None:
                                              "max_prompt": args.max_prompt, "seed": args.seed}})
 
 
-def _optimise(run: _Run, args, data: _Data, feats: dict, dev, clock: train_loop.Clock, checkpoint, log,
+def _optimise(run: _Run, args, data: _Data, feats: FeatureStore, dev, clock: train_loop.Clock, checkpoint, log,
               ddp: train_loop.DataParallel) -> None:
     """Optimizer steps until the planned number or the time budget: shuffled, length-bucketed batches, the cosine
     schedule, running metrics every --log-every steps, held-out numbers every --eval-every, checkpoints every
@@ -294,7 +299,7 @@ def _optimise(run: _Run, args, data: _Data, feats: dict, dev, clock: train_loop.
         run.opt.zero_grad(set_to_none=True)
         mine = ddp.share(batch)  # every process draws the same batch; each computes its share's loss terms
         if mine:
-            ids, ft, lens, starts = collate(mine, feats, args.max_prompt, args.max_len, torch.float32, dev)
+            ids, ft, lens, starts = collate(mine, feats, torch.float32, dev)
             loss, ms = unrolled_losses(run.heads, ids, ft, lens, starts, tuple(args.loss_weights), noise=args.noise,
                                        counts=counts)
             loss.backward()
@@ -355,6 +360,10 @@ def register_train(subparsers) -> None:
     p.add_argument("--init", default=None, help="start from these trained heads (folder or hub id) instead of scratch")
     p.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
                    help="continue from OUT/checkpoint.pt when it exists (default)")
-    p.add_argument("--feature-cache", default=None, help="folder for cached target features")
+    p.add_argument("--feature-cache", default=None, help="folder for the stored target features")
+    p.add_argument("--feature-batch-tokens", type=int, default=4096,
+                   help="padded tokens per target forward while computing features")
+    p.add_argument("--feature-part-records", type=int, default=feature_store.PART_RECORDS,
+                   help="records per stored part of features (the unit of resuming and of sharing out work)")
     p.add_argument("--threads", type=int, default=0)
     p.set_defaults(func=train)
