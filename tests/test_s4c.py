@@ -163,7 +163,7 @@ def test_training_loss_falls(tiny_llama, tmp_path):
         weight_decay=0.0, warmup=2, noise=0.0, loss_weights=[0.1, 1.0, 1.0], max_prompt=16, max_len=64,
         heldout_max=0, seed=0, log_every=10, eval_every=1000, ckpt_every=15, resume=True,
         feature_cache=str(tmp_path / "fc"), threads=0, init=None, first=[0], feature_layers=[], new_vocab=False,
-        feature_batch_tokens=4096, feature_part_records=256)
+        feature_batch_tokens=4096, feature_part_records=256, head_inputs="own")
     records = s4c.read_records([str(data)])
     # --first: the first N records of each file (one number per file or one for all), 0 = all
     assert [r["id"] for r in s4c.read_records([str(data), str(data)], [2, 0])] == ["r0", "r1"] + [r["id"] for r in recs]
@@ -214,6 +214,45 @@ def test_training_loss_falls(tiny_llama, tmp_path):
     want = s4c.build_draft_vocab(train_recs, 24, t.lm_head.weight.shape[0], special)
     assert len(new.draft_vocab) == 24 < len(old.draft_vocab) and torch.equal(new.draft_vocab, want)
     assert torch.equal(new.fc[0].weight, old.fc[0].weight)
+
+
+def test_training_time_test_feeds_each_head_the_previous_heads_output(tiny_llama, tmp_path):
+    """Training-time test (the default): head 2's input is head 1's output and head 3's is head 2's, as when
+    drafting, so head 2's loss trains head 1 too.  Teacher forcing (`head_inputs="target"`, the ablation) feeds
+    each head the target feature the previous head imitates instead, and head 1 learns from its own loss alone."""
+    from specdemo.offline import train_s4c as s4c
+
+    t = tiny_llama
+    torch.manual_seed(0)
+    records = [{"id": f"r{i}", "ids": torch.randint(100, 400, (30,)).tolist(), "start": 5} for i in range(3)]
+    ids, ft, lens, starts = s4c.collate(records, stored_features(t, records, tmp_path / "f"), torch.float32, "cpu")
+    heads = S4CHeads(t, 3, 64, s4c.build_draft_vocab(records, 512, t.lm_head.weight.shape[0], [0]))
+    calls, head = [], heads.head
+
+    def spy(h, emb, u, pos, *args, **kwargs):
+        out = head(h, emb, u, pos, *args, **kwargs)
+        calls.append((u, out))
+        return out
+
+    heads.head = spy
+    T = ids.shape[1]
+    grads = {}
+    for mode in ("own", "target"):
+        calls.clear()
+        heads.zero_grad(set_to_none=True)
+        loss, _ = unrolled_losses(heads, ids, ft, lens, starts, head_weights=(0.0, 1.0, 0.0), head_inputs=mode)
+        loss.backward()
+        assert torch.equal(calls[0][0], ft)
+        if mode == "own":
+            assert calls[1][0] is calls[0][1] and calls[2][0] is calls[1][1]
+        else:
+            for h in (1, 2):
+                assert torch.equal(calls[h][0][:, : T - h], ft[:, h:]) and not calls[h][0][:, T - h :].any()
+        grads[mode] = heads.layers[0].mlp.down_proj.weight.grad
+    assert grads["own"] is not None and grads["own"].abs().max() > 0
+    assert grads["target"] is None or not grads["target"].any()
+    with pytest.raises(ValueError, match="'own' or 'target'"):
+        unrolled_losses(heads, ids, ft, lens, starts, head_inputs="teacher")
 
 
 def test_held_out_hits_against_the_whole_vocabulary(tiny_llama, tmp_path):

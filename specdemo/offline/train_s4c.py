@@ -43,7 +43,7 @@ from specdemo.target import load_target
 # ---------------------------------------------------------------------------------------------------------- training
 def unrolled_losses(heads: S4CHeads, ids: torch.Tensor, feats: torch.Tensor, lens: torch.Tensor, starts: torch.Tensor,
                     weights=(0.1, 1.0, 1.0), head_weights=(1.0, 0.8, 0.6), noise: float = 0.0, topk: int = 3,
-                    counts: list[int] | None = None, full_vocab: bool = False):
+                    counts: list[int] | None = None, full_vocab: bool = False, head_inputs: str = "own"):
     """Loss and per-head metrics for a right-padded batch: ids (B, T), feats (B, T, d) target features.
 
     Each head's terms are sums over its valid positions divided by `counts[h]` (default: this batch's own counts,
@@ -52,7 +52,13 @@ def unrolled_losses(heads: S4CHeads, ids: torch.Tensor, feats: torch.Tensor, len
 
     full_vocab: also count hits against the target's choice over its whole vocabulary (`top1_full`, `chain_full`):
     the training label is its choice within the draft vocabulary, which a token outside that vocabulary never
-    misses, so only these say how often a draft would be accepted."""
+    misses, so only these say how often a draft would be accepted.
+
+    head_inputs: "own" (training-time test, as EAGLE-3 trains): head h > 1 reads the previous head's output g_{h-1},
+    as it does when drafting, so the heads learn from their own errors; "target" (teacher forcing, the ablation):
+    it reads the target feature that output imitates, f_{t+h-1}, which drafting never has."""
+    if head_inputs not in ("own", "target"):
+        raise ValueError(f"head_inputs must be 'own' or 'target', got {head_inputs!r}")
     counts = counts or valid_counts(lens, starts, heads.n_heads)
     B, T = ids.shape
     dev = feats.device
@@ -69,7 +75,11 @@ def unrolled_losses(heads: S4CHeads, ids: torch.Tensor, feats: torch.Tensor, len
         emb_h = torch.zeros_like(emb)
         emb_h[:, : T - k] = emb[:, k:]
         g = heads.head(h, emb_h, u, pos)  # causal (mask None)
-        u = g
+        if head_inputs == "own":
+            u = g
+        else:  # the next head reads f_{t+k}, the feature g imitates (zero past the end)
+            u = torch.zeros_like(g)
+            u[:, : T - k] = feats[:, k:, -heads.d :].to(g.dtype)
         # position t predicts x_{t+k+1}, imitating f_{t+k}
         valid = (t_idx + k + 1 < lens.unsqueeze(1)) & (t_idx + k + 1 >= starts.unsqueeze(1))
         if not valid.any():
@@ -279,7 +289,8 @@ def _save(run: _Run, args, data: _Data, out: Path, command: str) -> None:
                                                        "total_steps": run.total_steps})
     save_heads(run.heads, out, {"training": {"command": command, "step": run.step, "records": len(data.records),
                                              "answer_tokens": data.answer_tokens, "loss_weights": args.loss_weights,
-                                             "max_prompt": args.max_prompt, "seed": args.seed}})
+                                             "max_prompt": args.max_prompt, "seed": args.seed,
+                                             "head_inputs": args.head_inputs}})
 
 
 def _optimise(run: _Run, args, data: _Data, feats: FeatureStore, dev, clock: train_loop.Clock, checkpoint, log,
@@ -301,7 +312,7 @@ def _optimise(run: _Run, args, data: _Data, feats: FeatureStore, dev, clock: tra
         if mine:
             ids, ft, lens, starts = collate(mine, feats, torch.float32, dev)
             loss, ms = unrolled_losses(run.heads, ids, ft, lens, starts, tuple(args.loss_weights), noise=args.noise,
-                                       counts=counts)
+                                       counts=counts, head_inputs=args.head_inputs)
             loss.backward()
             tok_seen += int((lens - starts).clamp_min(0).sum())
             acc = sum_metrics(acc, ms)
@@ -348,6 +359,9 @@ def register_train(subparsers) -> None:
     p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--head-inputs", choices=("own", "target"), default="own",
+                   help="what heads 2.. read in training: the previous head's output, as when drafting (training-time "
+                        "test), or the target feature it imitates (teacher forcing, an ablation)")
     p.add_argument("--noise", type=float, default=0.0, help="Gaussian noise on head 1's input features (x std)")
     p.add_argument("--loss-weights", type=float, nargs=3, default=[0.1, 1.0, 1.0], metavar=("CE", "SOFT", "L1"))
     p.add_argument("--max-prompt", type=int, default=TRAINED_PROMPT, help="prompt tokens kept before each answer")
