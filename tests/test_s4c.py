@@ -163,7 +163,8 @@ def test_training_loss_falls(tiny_llama, tmp_path):
         weight_decay=0.0, warmup=2, noise=0.0, loss_weights=[0.1, 1.0, 1.0], max_prompt=16, max_len=64,
         heldout_max=0, seed=0, log_every=10, eval_every=1000, ckpt_every=15, resume=True,
         feature_cache=str(tmp_path / "fc"), threads=0, init=None, first=[0], feature_layers=[], new_vocab=False,
-        feature_batch_tokens=4096, feature_part_records=256, head_inputs="own")
+        feature_batch_tokens=4096, feature_part_records=256, head_inputs="own",
+        autocast="none")
     records = s4c.read_records([str(data)])
     # --first: the first N records of each file (one number per file or one for all), 0 = all
     assert [r["id"] for r in s4c.read_records([str(data), str(data)], [2, 0])] == ["r0", "r1"] + [r["id"] for r in recs]
@@ -195,6 +196,15 @@ def test_training_loss_falls(tiny_llama, tmp_path):
         s4c.train(types.SimpleNamespace(**{**vars(args), "feature_layers": [1]}))
     loaded = load_heads(t, out)
     assert loaded.n_heads == 3 and json.loads((out / "config.json").read_text())["training"]["step"] == 33
+    # --autocast bf16: the same run in bf16 autocast (fp32 weights and optimizer) learns about as much as in fp32
+    for mode in ("none", "bf16"):
+        assert s4c.train(types.SimpleNamespace(**{**vars(args), "out": str(tmp_path / mode), "autocast": mode})) == 0
+    held = {m: s4c.evaluate(load_heads(t, tmp_path / m).float(), records, feats, args, "cpu")["head1"]["soft_ce"]
+            for m in ("none", "bf16")}
+    start = s4c.evaluate(S4CHeads(target, 3, 64, load_heads(t, out).draft_vocab), records, feats, args,
+                         "cpu")["head1"]["soft_ce"]
+    assert start - held["bf16"] > 0.6 * (start - held["none"]) > 0
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["training"]["autocast"] == "bf16"
     # warm start (--init): a new run starts from those heads, not from scratch
     # one (negligible) step: the exported heads are the initial ones
     warm = types.SimpleNamespace(**{**vars(args), "out": str(tmp_path / "warm"), "init": str(out), "steps": 1,

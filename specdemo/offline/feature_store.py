@@ -130,7 +130,7 @@ def _features(target, records: list[dict], max_prompt: int, max_len: int,
 
 
 def extract(target, records: list[dict], store: FeatureStore, layers: tuple[int, ...] = (),
-            log: Callable[[str], None] = print, batch_tokens: int = 4096, rank: int = 0, world: int = 1,
+            log: Callable[[str], None] = print, batch_tokens: int = 1024, rank: int = 0, world: int = 1,
             part_records: int = PART_RECORDS) -> None:
     """Compute and store the features of the records the store lacks, in parts of `part_records` records; process
     `rank` of `world` computes every world-th part.  Every process must have read the store before any writes (the
