@@ -120,6 +120,53 @@ def test_training_forward_matches_inference_probes(tiny_llama):
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
+def test_soft_targets_are_the_original_models_next_token_distributions(tiny_llama):
+    """The soft labels of every chain row are the frozen model's own distribution at the label's position (a full
+    forward over the clean sequence gives the same), the chains' logits do not change with the longer clean context
+    it takes, and a weight outside 0..1 is refused with the range."""
+    from specdemo.offline.train_sdsat import TrainConfig, probe_logits_and_targets, train
+
+    ad = _noisy_adapter(tiny_llama, seed=2)
+    torch.manual_seed(5)
+    seq = torch.randint(100, 5000, (20,)).tolist()
+    batch = build_probes(seq, 6, 4, 1.0, None, 40, 3)
+    logits, soft = probe_logits_and_targets(tiny_llama.model, ad, seq, batch, grad=False, soft=True)
+    with torch.no_grad():
+        full = tiny_llama.model(input_ids=torch.tensor([seq])).logits[0].float().softmax(-1)
+    pos, labels = batch[1], batch[2]
+    torch.testing.assert_close(soft, full[pos], rtol=1e-4, atol=1e-6)
+    assert torch.equal(torch.tensor(seq)[pos + 1], labels)  # each row's label is the token after its position
+    torch.testing.assert_close(logits, probe_logits(tiny_llama.model, ad, seq, batch, grad=False), rtol=1e-4,
+                               atol=1e-4)
+    with pytest.raises(ValueError, match="0..1"):
+        train(TrainConfig(soft_weight=1.5))
+
+
+def test_soft_label_training_moves_the_chains_toward_the_models_distribution(tiny_llama):
+    """`--soft-weight 1`: the trainer's own sequence loss lowers the CE of the chains against the original model's
+    distribution."""
+    from specdemo.offline.train_sdsat import TrainConfig, _sequence_loss, probe_logits_and_targets
+
+    t = tiny_llama
+    prompt = t.encode_prompt(PROMPTS[0])
+    ref, _ = run_to_end(t, prompt, None, GenerationConfig(max_new_tokens=30))
+    seq, rec = prompt + ref, {"id": "x", "prompt_ids": prompt, "answer_ids": ref}
+    ad = SDSATAdapter(t.model, rank=4, alpha=8, token_id=3)
+    cfg = TrainConfig(soft_weight=1.0, L=3, rate=0.5, max_probes=120, seqs_per_step=1)
+
+    def soft_ce() -> float:
+        b = build_probes(seq, len(prompt), 3, 1.0, None, 120, 3)
+        logits, soft = probe_logits_and_targets(t.model, ad, seq, b, grad=False, soft=True)
+        return float(-(soft * logits.float().log_softmax(-1)).sum(-1).mean())
+
+    before, opt, rng = soft_ce(), torch.optim.AdamW(ad.parameters(), lr=1e-2), random.Random(0)
+    for _ in range(12):
+        opt.zero_grad()
+        _sequence_loss(t.model, ad, cfg, rec, rng)
+        opt.step()
+    assert soft_ce() < 0.8 * before
+
+
 def test_training_steps_reduce_adaptive_loss(tiny_llama):
     t = tiny_llama
     prompt = t.encode_prompt(PROMPTS[0])

@@ -82,19 +82,29 @@ def probe_mask(positions: torch.Tensor, origins: torch.Tensor, ctx_len: int, dty
 
 def probe_logits(model, adapter: SDSATAdapter, seq: list[int], batch, grad: bool) -> torch.Tensor:
     """Logits (N, V) of the adaptive chains of `batch` (from build_probes) on clean sequence `seq`."""
+    return probe_logits_and_targets(model, adapter, seq, batch, grad, soft=False)[0]
+
+
+def probe_logits_and_targets(model, adapter: SDSATAdapter, seq: list[int], batch, grad: bool,
+                             soft: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`probe_logits`, and with `soft` the original model's next-token distribution (N, V) for every chain row's
+    label: the clean forward's at the label's position (row j of the chain at p: position p + j), read from the
+    same clean forward (then run up to the last such position; the chains' mask hides the extra context)."""
     from transformers import DynamicCache
 
     ids, pos, _, _, org, ctx_len = batch
-    decoder = model.get_decoder()
+    decoder, head = model.get_decoder(), model.get_output_embeddings()
     dev = adapter.embedding.device
+    ctx = int(pos.max()) + 1 if soft else ctx_len
     cache = DynamicCache()
     with torch.no_grad():  # the frozen original model over the clean context (adapter off)
-        decoder(input_ids=torch.tensor([seq[:ctx_len]], device=dev), past_key_values=cache, use_cache=True)
-    mask = probe_mask(pos, org, ctx_len, adapter.embedding.dtype).to(dev)
+        clean = decoder(input_ids=torch.tensor([seq[:ctx]], device=dev), past_key_values=cache, use_cache=True)
+        targets = head(clean.last_hidden_state[0, pos.to(dev)]).float().softmax(-1) if soft else None
+    mask = probe_mask(pos, org, ctx, adapter.embedding.dtype).to(dev)
     with torch.set_grad_enabled(grad), adapter.active(None):
         h = decoder(input_ids=torch.tensor([ids], device=dev), attention_mask=mask,
                     position_ids=pos.unsqueeze(0).to(dev), past_key_values=cache, use_cache=True).last_hidden_state[0]
-    return model.get_output_embeddings()(h)
+    return head(h), targets
 
 
 @torch.no_grad()
@@ -156,6 +166,7 @@ class TrainConfig:
     steps: int = 400
     seqs_per_step: int = 2
     rate: float = 0.3
+    soft_weight: float = 0.0  # weight of the soft-label term (CE against the original model's distribution)
     max_probes: int = 320
     heldout_max: int = 32
     eval_every: int = 50
@@ -198,8 +209,11 @@ def _sequence_loss(model, adapter: SDSATAdapter, cfg: TrainConfig, r: dict, rng:
         return 0.0, 0
     if not mine:
         return None, len(b[0])
-    logits = probe_logits(model, adapter, seq, b, grad=True)
-    loss = F.cross_entropy(logits.float(), b[2].to(logits.device))
+    logits, soft = probe_logits_and_targets(model, adapter, seq, b, grad=True, soft=cfg.soft_weight > 0)
+    logp = logits.float().log_softmax(-1)
+    loss = F.nll_loss(logp, b[2].to(logits.device))
+    if soft is not None:  # the original model's whole distribution, not only its greedy token
+        loss = (1 - cfg.soft_weight) * loss - cfg.soft_weight * (soft * logp).sum(-1).mean()
     (loss / cfg.seqs_per_step).backward()
     return loss.item(), len(b[0])
 
@@ -268,6 +282,8 @@ class _Run:
 
 
 def train(cfg: TrainConfig, resume: bool = False, log=print) -> dict:
+    if not 0.0 <= cfg.soft_weight <= 1.0:
+        raise ValueError(f"--soft-weight must be in 0..1 (0: the greedy token alone), got {cfg.soft_weight}")
     train_loop.seed_everything(cfg.seed, cfg.threads)
     ddp = train_loop.DataParallel()
     log = log if ddp.is_main else (lambda msg: None)
@@ -378,6 +394,9 @@ def register_train(subparsers) -> None:
                  "seed", "threads", "max_seq"):
         p.add_argument("--" + name.replace("_", "-"), type=type(getattr(d, name)), default=getattr(d, name))
     p.add_argument("--rate", type=float, default=d.rate, help="fraction of answer positions that start a chain")
+    p.add_argument("--soft-weight", type=float, default=d.soft_weight,
+                   help="0..1: weight of CE against the original model's next-token distribution (the rest: its "
+                        "greedy token)")
     p.add_argument("--max-probes", type=int, default=d.max_probes, help="adaptive tokens per sequence at most")
     p.add_argument("--minutes", type=float, default=d.minutes, help="stop (and export) after this long; 0 = off")
     p.add_argument("--targets", default=",".join(d.targets),
