@@ -102,6 +102,18 @@ def test_shipped_corpora_share_no_10gram_with_evaluation_sets():
     assert n > 7000
 
 
+def test_the_calibrations_prompts_are_held_out_and_in_no_distilled_corpus():
+    """The shipped calibration was fit on prompts no trainer saw and REST cannot retrieve: held-out conversations
+    that no corpus or shard distilled (a refit on contaminated prompts would overrate the drafters)."""
+    from specdemo.calibration import default_path
+
+    prompts = json.loads(default_path("embedded").read_text())["prompts"]
+    assert len(prompts) >= 16 and all(sharegpt.is_heldout_record(pid) for pid in prompts)
+    distilled = {sharegpt.conversation_id(str(r["id"]).split(":")[1]) for path in distilled_corpora()
+                 for r in distill.read_corpus(path)[1] if str(r["id"]).startswith("sg:")}
+    assert not distilled & {sharegpt.conversation_id(pid.split(":")[1]) for pid in prompts}
+
+
 def test_distill_resumes_after_a_kill_and_writes_atomically(tiny_llama, tmp_path):
     t = tiny_llama
     specs = [{"id": f"p{i}", "messages": [{"role": "user", "content": f"question number {i} " * (1 + i % 3)}]}
@@ -130,12 +142,12 @@ def test_distill_resumes_after_a_kill_and_writes_atomically(tiny_llama, tmp_path
     assert distill.read_corpus(out)[1] == got
 
 
-def test_tune_prompts_are_the_training_turns_after_the_calibrations(tmp_path, monkeypatch):
+def test_tune_prompts_are_the_turns_after_the_calibrations(tmp_path, monkeypatch):
     """`calibrate --tune-prompts`: the turns that follow the calibration's own, in its order, as {"id", "prompt"}."""
     from specdemo.offline import calibrate
 
     turns = [(f"sg:c{i}:0", f"question {i}", [1, 2, i]) for i in range(10)]
-    monkeypatch.setattr(calibrate, "training_turns", lambda n, max_tokens, target: turns[:n])
+    monkeypatch.setattr(calibrate, "calibration_turns", lambda n, max_tokens, target: turns[:n])
     path = tmp_path / "tune" / "p.jsonl"
     assert calibrate.write_tune_prompts(None, path, 3, 4, 1024) == 3
     rows = [json.loads(line) for line in path.read_text().splitlines()]

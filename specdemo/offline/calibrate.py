@@ -1,14 +1,16 @@
-"""`python -m specdemo calibrate`: fit the drafters' acceptance calibration (calibration.py) on training prompts.
+"""`python -m specdemo calibrate`: fit the drafters' acceptance calibration (calibration.py) on unseen ShareGPT prompts.
 
-Each method decodes training prompts with its trees *uncut* (dynamic sizing off, the dynamic cap as the budget), and
+Each method decodes those prompts with its trees *uncut* (dynamic sizing off, the dynamic cap as the budget), and
 every proposed node is recorded with its raw score, source, depth and whether it ended on the accepted path.  For a
 node that is well defined whatever the rest of the tree holds: the target's choice at a position does not depend on
 the draft (greedy, and sampling with the engine's position-keyed noise), so a node is accepted exactly when its path
 spells what the target commits.  Greedy decoding and sampling get separate tables: sampling accepts less.
 
-Prompts: first user turns of ShareGPT's *training* split that were not distilled into the shipped corpora (so REST
-cannot retrieve their own answers and the heads have not seen them), decontaminated against HumanEval and Spec-Bench
-like every training prompt.  The evaluation sets are never used here.
+Prompts: first user turns of ShareGPT's *held-out* split that no corpus distilled, decontaminated against HumanEval
+and Spec-Bench like every training prompt.  Held-out conversations are never distilled into training shards, so
+however much of ShareGPT the corpus grows to cover, REST cannot retrieve their answers and the heads and the adapter
+never train on them; the held-out records the trainers evaluate on (distilled with `distill --heldout`) are left out
+too.  The evaluation sets are never used here.
 
 `--tune-prompts PATH` calibrates nothing: it writes the `--tune-n` turns that follow the calibration's own `--prompts`
 in the same order, as {"id", "prompt"} lines: the prompts defaults (tree shapes, graft lengths) are tuned on, with
@@ -28,7 +30,7 @@ from specdemo.calibration import FORMAT, default_path, fit
 from specdemo.drafters import make_drafter
 from specdemo.engine import GenerationConfig, generate
 from specdemo.offline import sharegpt
-from specdemo.offline.corpus import DISTILLED_CORPORA, read_corpus
+from specdemo.offline.corpus import distilled_corpora, read_corpus
 from specdemo.sampling import SamplingConfig
 from specdemo.target import load_target
 
@@ -40,21 +42,21 @@ METHOD_OPTIONS = {  # uncut trees, as large as the dynamic mode's cap
 SAMPLING = {"temperature": 0.8, "top_p": 0.9, "seed": 7}  # the sampling table's settings (README's sampling runs)
 
 
-def training_prompts(n: int, max_prompt_tokens: int, target) -> list[tuple[str, list[int]]]:
-    """(id, prompt ids) of `n` ShareGPT training-split first turns that no shipped corpus distilled, in a fixed order."""
-    return [(pid, ids) for pid, _, ids in training_turns(n, max_prompt_tokens, target)]
+def calibration_prompts(n: int, max_prompt_tokens: int, target) -> list[tuple[str, list[int]]]:
+    """(id, prompt ids) of `n` ShareGPT held-out first turns that no corpus distilled, in a fixed order."""
+    return [(pid, ids) for pid, _, ids in calibration_turns(n, max_prompt_tokens, target)]
 
 
-def training_turns(n: int, max_prompt_tokens: int, target) -> list[tuple[str, str, list[int]]]:
+def calibration_turns(n: int, max_prompt_tokens: int, target) -> list[tuple[str, str, list[int]]]:
     """(id, user text, prompt ids) of the first `n` such turns; the calibration takes the first ones, tuning runs
     (`--tune-prompts`) the ones after them."""
     seen = set()
-    for path in DISTILLED_CORPORA:
+    for path in distilled_corpora():
         _, records = read_corpus(Path(path))
         seen.update(sharegpt.conversation_id(str(r["id"]).split(":")[1]) for r in records
                     if str(r.get("id", "")).startswith("sg:"))
     convs = sharegpt.conversations(decontaminate=sharegpt.Decontaminator.for_evaluation_sets())
-    pool = [c for c in convs if not c.heldout and sharegpt.conversation_id(c.id) not in seen]
+    pool = [c for c in convs if c.heldout and sharegpt.conversation_id(c.id) not in seen]
     pool.sort(key=lambda c: hashlib.blake2b(f"calibrate:{c.id}".encode(), digest_size=8).digest())
     out = []
     for c in pool:
@@ -81,10 +83,10 @@ def node_rows(events) -> list[tuple[str, int, float, bool]]:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("calibrate", help="fit the drafters' acceptance calibration on training prompts")
+    p = sub.add_parser("calibrate", help="fit the drafters' acceptance calibration on unseen ShareGPT prompts")
     p.add_argument("--model", default="embedded")
     p.add_argument("--methods", default="rest,s4c,sdsat")
-    p.add_argument("--prompts", type=int, default=32, help="ShareGPT training-split prompts (default 32)")
+    p.add_argument("--prompts", type=int, default=32, help="ShareGPT held-out prompts no corpus distilled (default 32)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--max-prompt-tokens", type=int, default=1024)
     p.add_argument("--modes", default="greedy,sampling")
@@ -99,8 +101,8 @@ def register(sub) -> None:
 
 
 def write_tune_prompts(target, path: Path, n: int, skip: int, max_prompt_tokens: int) -> int:
-    """The `n` training turns after the calibration's `skip` as {"id", "prompt"} JSONL at `path`; returns how many."""
-    picked = training_turns(skip + n, max_prompt_tokens, target)[skip:]
+    """The `n` turns after the calibration's `skip` as {"id", "prompt"} JSONL at `path`; returns how many."""
+    picked = calibration_turns(skip + n, max_prompt_tokens, target)[skip:]
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:
         for pid, text, _ in picked:
@@ -136,7 +138,7 @@ def _cli(args) -> int:
         n = write_tune_prompts(target, Path(args.tune_prompts), args.tune_n, args.prompts, args.max_prompt_tokens)
         print(f"wrote {n} prompts to {args.tune_prompts}")
         return 0
-    prompts = training_prompts(args.prompts, args.max_prompt_tokens, target)
+    prompts = calibration_prompts(args.prompts, args.max_prompt_tokens, target)
     out = Path(args.out) if args.out else default_path(target.name)
     command = "python -m specdemo calibrate " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["calibrate"] else [])
     tables, counts, commands = _kept(out, target, prompts, args) if args.update else ({}, {}, {})

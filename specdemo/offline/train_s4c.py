@@ -54,14 +54,11 @@ def unrolled_losses(heads: S4CHeads, ids: torch.Tensor, feats: torch.Tensor, len
     the training label is its choice within the draft vocabulary, which a token outside that vocabulary never
     misses, so only these say how often a draft would be accepted.
 
-    head_inputs: "own" (training-time test, as EAGLE-3 trains): head h > 1 reads the previous head's output g_{h-1},
-    as it does when drafting, so the heads learn from their own errors; "target" (teacher forcing, the ablation):
-    it reads the target feature that output imitates, f_{t+h-1}, which drafting never has."""
+    head_inputs: "own" (training-time test, as EAGLE-3 trains): head h > 1 reads head h - 1's output, as when drafting;
+    "target" (teacher forcing, the ablation): the target feature that output imitates, which drafting never has."""
     if head_inputs not in ("own", "target"):
         raise ValueError(f"head_inputs must be 'own' or 'target', got {head_inputs!r}")
-    counts = counts or valid_counts(lens, starts, heads.n_heads)
-    B, T = ids.shape
-    dev = feats.device
+    counts, (B, T), dev = counts or valid_counts(lens, starts, heads.n_heads), ids.shape, feats.device
     w_lm = heads.lm_weight()  # (V', d)
     emb = heads.embed(ids).to(feats.dtype)
     pos = torch.arange(T, device=dev).unsqueeze(0).expand(B, T)
@@ -75,11 +72,7 @@ def unrolled_losses(heads: S4CHeads, ids: torch.Tensor, feats: torch.Tensor, len
         emb_h = torch.zeros_like(emb)
         emb_h[:, : T - k] = emb[:, k:]
         g = heads.head(h, emb_h, u, pos)  # causal (mask None)
-        if head_inputs == "own":
-            u = g
-        else:  # the next head reads f_{t+k}, the feature g imitates (zero past the end)
-            u = torch.zeros_like(g)
-            u[:, : T - k] = feats[:, k:, -heads.d :].to(g.dtype)
+        u = g if head_inputs == "own" else _target_inputs(feats, k, heads.d, g.dtype)
         # position t predicts x_{t+k+1}, imitating f_{t+k}
         valid = (t_idx + k + 1 < lens.unsqueeze(1)) & (t_idx + k + 1 >= starts.unsqueeze(1))
         if not valid.any():
@@ -104,13 +97,24 @@ def unrolled_losses(heads: S4CHeads, ids: torch.Tensor, feats: torch.Tensor, len
         total = total + head_weights[min(h, len(head_weights) - 1)] * loss_h
         m, prev_ok = hits(logits.detach(), lab, valid, prev_ok, topk)
         if full_vocab:
-            with torch.no_grad():
-                drafted = heads.draft_vocab[logits.argmax(-1)]
-                full_lab = (fi @ heads.target.lm_head.weight.T).argmax(-1)
-            m_full, prev_full = hits_full(drafted == full_lab, valid, prev_full)
+            m_full, prev_full = hits_full(_drafted_is_targets_choice(heads, logits, fi), valid, prev_full)
             m.update(m_full)
         metrics.append(dict(m, ce=ce.item(), soft=soft_ce.item(), l1=l1.item()))
     return total, metrics
+
+
+def _target_inputs(feats: torch.Tensor, k: int, d: int, dtype) -> torch.Tensor:
+    """Teacher forcing's input to the head after head k: f_{t+k} at position t (the last hidden state; zero past
+    the end), the feature head k's output imitates."""
+    u = torch.zeros(*feats.shape[:2], d, dtype=dtype, device=feats.device)
+    u[:, : feats.shape[1] - k] = feats[:, k:, -d:].to(dtype)
+    return u
+
+
+@torch.no_grad()
+def _drafted_is_targets_choice(heads: S4CHeads, logits: torch.Tensor, fi: torch.Tensor) -> torch.Tensor:
+    """Per row: is the head's draft the target's choice over its whole vocabulary?"""
+    return heads.draft_vocab[logits.argmax(-1)] == (fi @ heads.target.lm_head.weight.T).argmax(-1)
 
 
 @torch.no_grad()
