@@ -199,13 +199,14 @@ def embedded_dir(progress: bool = True) -> Path:
     return out
 
 
-def decoder_features(out, layers: tuple[int, ...] = ()) -> torch.Tensor:
-    """A decoder output's features per position, (n, d): the final normed hidden states; with `layers` (indices
-    into its hidden states: 1 = after the first decoder layer), (n, (len(layers) + 1) * d): those layers' states in
-    order, the final normed states last (a drafter fusing low, middle and high features, as EAGLE-3 does)."""
+def decoder_features(out, layers: tuple[int, ...] = (), row: int = 0) -> torch.Tensor:
+    """A decoder output's features per position of batch row `row`, (n, d): the final normed hidden states; with
+    `layers` (indices into its hidden states: 1 = after the first decoder layer), (n, (len(layers) + 1) * d): those
+    layers' states in order, the final normed states last (a drafter fusing low, middle and high features, as EAGLE-3
+    does)."""
     if not layers:
-        return out.last_hidden_state[0]
-    return torch.cat([out.hidden_states[i][0] for i in layers] + [out.last_hidden_state[0]], dim=-1)
+        return out.last_hidden_state[row]
+    return torch.cat([out.hidden_states[i][row] for i in layers] + [out.last_hidden_state[row]], dim=-1)
 
 
 FP32_SHARE = 0.7  # fp32 weights may fill this share of a GPU's memory; the rest: activations, KV caches, the context

@@ -25,7 +25,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from specdemo.artifacts import architecture_hash
-from specdemo.target import cache_root
+from specdemo.target import cache_root, decoder_features
 
 PART_RECORDS = 256  # records per part: a part is the unit of resumption and of sharing out work
 
@@ -124,9 +124,8 @@ def _features(target, records: list[dict], max_prompt: int, max_len: int,
         ids[i, :L], mask[i, :L] = torch.tensor(r["ids"][:L]), 1
     out = target.decoder(input_ids=ids.to(target.device), attention_mask=mask.to(target.device),
                          output_hidden_states=bool(layers))
-    states = [out.hidden_states[i] for i in layers] + [out.last_hidden_state]
-    wide = torch.cat(states, dim=-1) if len(states) > 1 else states[0]
-    return [wide[i, s : s + n].to(torch.float16).cpu() for i, (s, n, _) in enumerate(spans)]
+    return [decoder_features(out, layers, row=i)[s : s + n].to(torch.float16).cpu()
+            for i, (s, n, _) in enumerate(spans)]
 
 
 def extract(target, records: list[dict], store: FeatureStore, layers: tuple[int, ...] = (),

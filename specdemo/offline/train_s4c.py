@@ -3,7 +3,8 @@
 Training (§3.1.2) -- `python -m specdemo train s4c`
 -----------------
 Unrolled over the three heads with teacher-forced target features computed ONCE (kept fp16 on disk by
-feature_store.py under `cache_root()/s4c-features`, memory-mapped while training).  Per head h and position t (predicting an answer token):
+feature_store.py under `cache_root()/s4c-features`, memory-mapped while training).  Per head h and position t
+(predicting an answer token):
     L_h = w_ce * CE(lm(g_{h,t}), y_{t+h+1}) + w_soft * CE(lm(g_{h,t}), softmax(lm(f_{t+h}))) + w_l1 * SmoothL1(g_{h,t}, f_{t+h})
 and L = sum_h head_weight_h * L_h, where y_{t+h+1} = argmax lm(f_{t+h}) is the target's own greedy token (on the
 self-distilled answers that is the next token itself; on extra text such as stdlib code it is what the target would
