@@ -12,6 +12,8 @@ Python value, no allocation outside the graph's pool, no host synchronisation (s
 * Replay: `StaticSteps.prepare` writes the step's ids, positions, mask and slots; `replay` runs the graph; the output
   buffer (the graph's own) holds the hidden states until the next replay of that bucket.
 * Compaction (`keep`) and the LM head stay eager: a handful of kernels.
+* Reuse: the engine takes its steps from a pool on the target (`static_step.acquire_steps`), so a bucket's graph is
+  captured by the first request of its size and replayed by every later one.
 
 ZeroGPU does not support `torch.compile`; plain `torch.cuda.CUDAGraph` capture inside the `spaces.GPU` worker is the
 portable route.  Off by default until a GPU run has proved it (GenerationConfig.cuda_graphs, SPECDEMO_CUDA_GRAPHS).
@@ -58,6 +60,10 @@ class GraphedSteps:
 
     def keep(self, start: int, src: list[int]) -> None:
         self.steps.keep(start, src)
+
+    def reset(self) -> None:
+        """A new request: the cache empties, the graphs stay (they read the same buffers)."""
+        self.steps.reset()
 
     def _capture(self, step: StepInputs) -> torch.cuda.CUDAGraph:
         side = torch.cuda.Stream()

@@ -27,7 +27,7 @@ import torch
 from specdemo import cuda_graphs
 from specdemo.kvcache import KVCache
 from specdemo.sampling import SamplingConfig, choose_tokens, top2_gaps
-from specdemo.static_step import StaticSteps, configured_buckets, wanted
+from specdemo.static_step import StaticSteps, acquire_steps, configured_buckets, release_steps, wanted
 from specdemo.target import Target, UnsupportedForTree, decoder_features
 from specdemo.tree import DraftTree, TreeBuffers
 from specdemo.verify import check_tree_support, tree_forward
@@ -168,6 +168,15 @@ def generate(target: Target, prompt_ids: list[int], drafter: Drafter | None = No
     validate_request(target, prompt_ids, cfg)
     drafter = drafter or Drafter()
     run = _prefill(target, prompt_ids, drafter, cfg, _static_shapes(target, drafter, cfg))
+    try:
+        yield from _decode(target, drafter, cfg, run)
+    finally:  # also when the caller stops early: the steps go back to their pool
+        if run.static is not None:
+            release_steps(target, run.static)
+
+
+def _decode(target: Target, drafter: Drafter, cfg: GenerationConfig, run: "_Run") -> Iterator[StepEvent]:
+    """generate's loop: propose, verify, commit, observe, until a stop rule ends the run."""
     stop = _StopRules(target, cfg)
     for step in itertools.count():
         with target.lock:
@@ -227,10 +236,8 @@ def _prefill(target: Target, prompt_ids: list[int], drafter: Drafter, cfg: Gener
     features."""
     state = DecodeState(list(prompt_ids), len(prompt_ids), cfg.max_new_tokens, cfg.sampling, target)
     layers = tuple(drafter.feature_layers)
-    steps = StaticSteps(target, len(prompt_ids) + cfg.max_new_tokens, cfg.max_tree_nodes, cfg.static_buckets,
-                        layers) if static else None
-    if steps is not None and cuda_graphs.wanted(cfg.cuda_graphs, target.device):
-        steps = cuda_graphs.GraphedSteps(steps)
+    steps = acquire_steps(target, len(prompt_ids) + cfg.max_new_tokens, cfg.max_tree_nodes, cfg.static_buckets,
+                          layers, cuda_graphs.wanted(cfg.cuda_graphs, target.device)) if static else None
     cache = steps.cache if steps else KVCache(capacity=len(prompt_ids) + cfg.max_new_tokens + cfg.max_tree_nodes + 2)
     with target.lock:
         t0 = time.perf_counter()

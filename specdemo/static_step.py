@@ -42,6 +42,7 @@ from specdemo.target import Target, decoder_features
 from specdemo.tree import DraftTree, TreeBuffers
 
 STATIC_BUCKETS: tuple[int, ...] = (0, 4, 8, 16, 32, 64)  # tree nodes; the forward sees one row more (the root)
+CAPACITY_STEP = 256  # a pooled run's committed length, rounded up to this: requests of similar size share one
 ENV = "SPECDEMO_STATIC_SHAPES"
 BUCKETS_ENV = "SPECDEMO_STATIC_BUCKETS"
 
@@ -143,6 +144,12 @@ class StaticSteps:
         self.cache = KVCache(committed_max + self.buckets[-1] + 2, static=True)
         self.inputs: dict[int, StepInputs] = {}
         self._last: StepInputs | None = None
+        self.pool_key: tuple = ()  # set by acquire_steps
+
+    def reset(self) -> None:
+        """Ready for a new request: an empty cache that appends (the prefill) until the first step's slots."""
+        self.cache.write_to(None)
+        self.cache.set_length(0)
 
     def step_inputs(self, nodes: int) -> StepInputs:
         """The buffers of the smallest bucket that holds `nodes` tree nodes, allocated on its first use."""
@@ -176,6 +183,37 @@ class StaticSteps:
         step = self._last
         step.compaction(start, src)
         self.cache.move(step.keep_dst, step.keep_src, start + len(src))
+
+
+def acquire_steps(target: Target, committed_max: int, max_nodes: int, buckets: Sequence[int],
+                  layers: tuple[int, ...], graphed: bool) -> "StaticSteps":
+    """A run's static steps from a pool kept on the target, reset; `release_steps` gives them back at the run's end.
+
+    Steps are pooled by their shapes (the committed length rounded up to CAPACITY_STEP, the buckets, the features), so
+    a request reuses an earlier one's fixed-length cache and buffers and, when `graphed`, its captured CUDA graphs: a
+    capture costs three eager forwards per bucket, which a 128-token answer cannot pay every time.  Runs interleaved
+    by a race each hold their own steps (a pool hands an entry to one run at a time)."""
+    from specdemo.cuda_graphs import GraphedSteps  # graphs wrap static steps; the pool serves both
+
+    committed = -(-committed_max // CAPACITY_STEP) * CAPACITY_STEP
+    key = ("static steps", committed, max_nodes, tuple(buckets), tuple(layers), graphed)
+    with target.lock:
+        free = target.artifacts.setdefault(key, [])
+        steps = free.pop() if free else None
+    if steps is None:
+        steps = StaticSteps(target, committed, max_nodes, buckets, layers)
+        steps.pool_key = key
+        if graphed:
+            steps = GraphedSteps(steps)
+    steps.reset()
+    return steps
+
+
+def release_steps(target: Target, steps: "StaticSteps") -> None:
+    """Back to the pool, for the next request of the same shapes."""
+    key = steps.pool_key if isinstance(steps, StaticSteps) else steps.steps.pool_key
+    with target.lock:
+        target.artifacts.setdefault(key, []).append(steps)
 
 
 def static_trial(target: Target, ctx: list[int], tree: DraftTree) -> torch.Tensor:

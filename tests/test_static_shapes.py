@@ -47,8 +47,11 @@ class Recording(StaticSteps):
 
 @pytest.fixture
 def recording(monkeypatch):
+    """Every run gets fresh Recording steps of its exact length (no pool: each run's buffers are its own)."""
     Recording.made = []
-    monkeypatch.setattr(engine, "StaticSteps", Recording)
+    monkeypatch.setattr(engine, "acquire_steps", lambda target, committed, nodes, buckets, layers, graphed:
+                        Recording(target, committed, nodes, buckets, layers))
+    monkeypatch.setattr(engine, "release_steps", lambda target, steps: None)
     return Recording.made
 
 
@@ -259,6 +262,30 @@ def test_small_buckets_one_token_prompt_and_stops(tiny_llama):
     ref, _ = run_to_end(tiny_llama, prompt, None, cfg)
     events = same_runs(tiny_llama, prompt, lambda: OracleDrafter(ref, tiny_llama.vocab_size, 3), cfg)
     assert max(e.tree_size for e in events) <= 6 and events[-1].finish_reason == "length"
+
+
+def test_pooled_steps_serve_later_requests_with_the_tokens_of_fresh_ones(tiny_llama):
+    """Runs take their static steps (cache, buffers, and on CUDA the captured graphs) from a pool on the target: a
+    later request of similar size reuses them, reset, and decodes exactly what the plain engine decodes; a run the
+    caller stops early gives them back too, and interleaved runs (a race) each hold their own."""
+    def pooled():
+        return [s for key, free in tiny_llama.artifacts.items() if key[0] == "static steps" for s in free]
+
+    for key in [k for k in tiny_llama.artifacts if k[0] == "static steps"]:
+        del tiny_llama.artifacts[key]
+    prompts = [([321, 654, 987, 111] * 5) + [321, 654], [77, 88, 99, 77, 88, 99, 5], [321, 654, 987]]
+    cfg = GenerationConfig(max_new_tokens=24, sampling=SAMPLING)
+    for prompt in prompts + prompts[:1]:
+        ref, _ = run_to_end(tiny_llama, prompt, make_drafter("pld", tiny_llama), replace(cfg, static_shapes=False))
+        got, _ = run_to_end(tiny_llama, prompt, make_drafter("pld", tiny_llama), replace(cfg, static_shapes=True))
+        assert got == ref
+    assert len(pooled()) == 1  # one entry served all four requests
+    first = engine.generate(tiny_llama, prompts[0], None, replace(cfg, static_shapes=True))
+    second = engine.generate(tiny_llama, prompts[1], None, replace(cfg, static_shapes=True))
+    next(first), next(second)
+    assert pooled() == []  # both runs hold steps: the pool made a second entry
+    first.close(), second.close()
+    assert len(pooled()) == 2
 
 
 def test_prompt_lookup_tiny_models(tiny):
