@@ -56,7 +56,7 @@ EOF
 unpack() {
     mkdir -p /tmp/gpukit
     [ -d "$KIT" ] && cp -r "$KIT"/. /tmp/gpukit/
-    local parts; parts=$(ls /tmp/gpukit/part-*/gguf.* 2>/dev/null | sort)
+    local parts; parts=$(ls /tmp/gpukit/part-*/gguf.* 2>/dev/null | sort || true)
     [ -f /tmp/gpukit/base/gguf.sha256 ] || { echo "gpu_kit: carry .gpukit/base first"; return 0; }
     if [ ! -f /tmp/site/.wheels ]; then  # the wheels go in with the first call
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \

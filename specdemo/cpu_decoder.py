@@ -106,8 +106,9 @@ class RotaryTable:
         self._build(length)
 
     def _build(self, length: int) -> None:
-        cos, sin = self.rotary(self.like.new_zeros(1, dtype=torch.float32), torch.arange(length).unsqueeze(0))
-        self.cos, self.sin = cos[0], sin[0]  # (positions, head_dim)
+        cos, sin = self.rotary(self.like.new_zeros(1, dtype=torch.float32),
+                                torch.arange(length, device=self.like.device).unsqueeze(0))
+        self.cos, self.sin = cos[0].to(self.like.dtype), sin[0].to(self.like.dtype)  # (positions, head_dim)
 
     def __len__(self) -> int:
         return len(self.cos)

@@ -32,3 +32,42 @@ def test_replayed_steps_give_the_eager_static_tokens(embedded, method, temperatu
         drafter = None if method == "none" else make_drafter(method, embedded)
         tokens[graphs] = run_to_end(embedded, ids, drafter, cfg)[0]
     assert tokens[True] == tokens[False]
+
+
+class FakeGraphs(cuda_graphs.GraphedSteps):
+    """GraphedSteps that replay nothing (no CUDA here): they note which runs would have replayed graphs."""
+
+    made: list["FakeGraphs"] = []
+
+    def __init__(self, steps) -> None:
+        super().__init__(steps)
+        FakeGraphs.made.append(self)
+
+    def forward(self, ids, tree, past):
+        return self.steps.forward(ids, tree, past)
+
+
+def test_a_drafter_that_hooks_the_forward_never_replays_graphs(tiny_llama, monkeypatch):
+    """A graph replays the kernels of its capture, hooks included: SDSAT's adapter hooks sit at each step's probe
+    rows, so its steps stay eager (and in a pool of their own), while other drafters' steps replay."""
+    from conftest import OracleDrafter
+
+    monkeypatch.setattr(cuda_graphs, "wanted", lambda flag, device: True)
+    monkeypatch.setattr(cuda_graphs, "GraphedSteps", FakeGraphs)
+    for key in [k for k in tiny_llama.artifacts if k[0] == "static steps"]:
+        del tiny_llama.artifacts[key]
+    FakeGraphs.made = []
+    prompt = [321, 654, 987, 111] * 3
+    cfg = GenerationConfig(max_new_tokens=16, static_shapes=True)
+    ref, _ = run_to_end(tiny_llama, prompt, None, GenerationConfig(max_new_tokens=16, static_shapes=False))
+
+    class Hooking(OracleDrafter):
+        hooks_forward = True
+
+    assert run_to_end(tiny_llama, prompt, Hooking(ref, 3000, probes=True), cfg)[0] == ref
+    assert FakeGraphs.made == []
+    assert run_to_end(tiny_llama, prompt, OracleDrafter(ref, 3000), cfg)[0] == ref
+    assert len(FakeGraphs.made) == 1
+    from specdemo.drafters.sdsat.drafter import SDSATDrafter
+
+    assert SDSATDrafter.hooks_forward  # the real drafter that hooks

@@ -149,6 +149,8 @@ class SDSATDrafter(Drafter):
         keep |= {i for o, c in chains.items() if o == -1 or o in keep for i in c}
         return tree.subtree(sorted(keep))
 
+    hooks_forward = True  # the adapter's hooks sit at each step's probe rows
+
     @contextmanager
     def verify_context(self, tree: DraftTree, buffers: TreeBuffers):
         rows = [i + 1 for i in range(len(tree)) if tree.is_probe(i)]
