@@ -6,14 +6,15 @@
 #
 # In order of value, each step under its own timeout and skipped when the budget left cannot hold it:
 #   1. the kit completes; the embedded model converts and REST's default datastore builds;
-#   2. the distillation of the unfinished ShareGPT shards starts in its own process session (untimed work: it runs
+#   2. verification cost curves (1-128 nodes), the embedded model fp32 and random Llama-1B/8B shapes bf16, alone
+#      (before the distillation: paused, it still holds ~55 GB of GPU memory);
+#   3. the distillation of the unfinished ShareGPT shards starts in its own process session (untimed work: it runs
 #      beside the tests and is paused, SIGSTOP, while anything is timed);
-#   3. the suite's GPU-relevant files on CUDA (log: $OUT/tests.log);
-#   4. the bench, fp32, steps replayed as CUDA graphs, every mode against transformers' `generate` (eager and with
+#   4. the suite's GPU-relevant files on CUDA (log: $OUT/tests.log);
+#   5. the bench, fp32, steps replayed as CUDA graphs, every mode against transformers' `generate` (eager and with
 #      a static cache, compiled), HumanEval, 128 new tokens: $OUT/<gpu>_fp32.json;
-#   5. the same modes in bf16 (the identical share per mode): $OUT/<gpu>_bf16.json, then with every step in one
+#   6. the same modes in bf16 (the identical share per mode): $OUT/<gpu>_bf16.json, then with every step in one
 #      65-row bucket (batch-invariance by construction): $OUT/<gpu>_bf16_one_bucket.json;
-#   6. verification cost curves (1-128 nodes), the embedded model fp32 and random Llama-1B/8B shapes bf16;
 #   7. the distillation resumes until the budget ends; the shards and journals come back in $OUT/shards.tar.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -42,6 +43,10 @@ GPU=$(python3 -c 'import torch; n = torch.cuda.get_device_name().lower(); print(
 
 step datastore 120 python3 -m specdemo datastore default
 
+step curves 100 bash -c 'for m in "--model embedded --dtype float32" "--random llama-1b --dtype bfloat16" \
+    "--random llama-8b --dtype bfloat16"; do
+    python3 scripts/verify_cost_curve.py $m --device cuda --sizes 0,1,2,4,8,16,32,64,128; done' > "$OUT/curves.jsonl"
+
 setsid nohup python3 -m specdemo distill --prompts /tmp/gpukit/base/prompts.jsonl.gz --heldout 0 \
     --out assets/corpus/sharegpt/ --batch-size 192 --batch-tokens 0 --device cuda > /tmp/distill.log 2>&1 &
 sleep 2
@@ -61,9 +66,6 @@ step bench-fp32 280 $B --dtype float32 --methods ar,pld,rest,s4c,sdsat,hf,hf-sta
 step bench-bf16 100 $B --dtype bfloat16 --methods ar,pld,rest,s4c,sdsat --json "$OUT/${GPU}_bf16.json"
 step bench-bf16-one-bucket 90 env SPECDEMO_STATIC_BUCKETS=64 $B --dtype bfloat16 --methods ar,pld,rest,s4c,sdsat \
     --json "$OUT/${GPU}_bf16_one_bucket.json"
-step curves 120 bash -c 'for m in "--model embedded --dtype float32" "--random llama-1b --dtype bfloat16" \
-    "--random llama-8b --dtype bfloat16"; do
-    python3 scripts/verify_cost_curve.py $m --device cuda --sizes 0,1,2,4,8,16,32,64,128; done' > "$OUT/curves.jsonl"
 resume
 
 wait_left=$(( $(left) - 20 ))

@@ -16,7 +16,11 @@ Python value, no allocation outside the graph's pool, no host synchronisation (s
   captured by the first request of its size and replayed by every later one.
 
 ZeroGPU does not support `torch.compile`; plain `torch.cuda.CUDAGraph` capture inside the `spaces.GPU` worker is the
-portable route.  Off by default until a GPU run has proved it (GenerationConfig.cuda_graphs, SPECDEMO_CUDA_GRAPHS).
+portable route in principle, but a ZeroGPU worker attaches the GPU per call, so graphs kept across requests may
+point at memory that is gone: under ZeroGPU (SPACES_ZERO_GPU) steps stay eager unless SPECDEMO_CUDA_GRAPHS=1 asks.
+On by default on other CUDA machines since the H100 run of 2026-11-26 (docs/gpu/): replayed steps gave every mode's
+eager tokens (tests/test_cuda_graphs.py) and AR 3.4x the eager step (GenerationConfig.cuda_graphs,
+SPECDEMO_CUDA_GRAPHS=0 turns them off).
 """
 from __future__ import annotations
 
@@ -32,12 +36,16 @@ WARMUPS = 2
 
 
 def wanted(flag: bool | None, device: torch.device) -> bool:
-    """Whether a run replays its steps as graphs: the config's flag, else SPECDEMO_CUDA_GRAPHS=1; CUDA only."""
+    """Whether a run replays its steps as graphs (CUDA only): the config's flag, else SPECDEMO_CUDA_GRAPHS when set,
+    else on except under ZeroGPU."""
     if device.type != "cuda":
         return False
     if flag is not None:
         return flag
-    return os.environ.get(ENV, "").strip() in ("1", "true", "yes")
+    env = os.environ.get(ENV, "").strip()
+    if env:
+        return env in ("1", "true", "yes")
+    return not os.environ.get("SPACES_ZERO_GPU")
 
 
 class GraphedSteps:

@@ -141,7 +141,7 @@ class GenerationConfig:
     static_shapes: bool | None = None
     static_buckets: tuple[int, ...] = field(default_factory=configured_buckets)  # without 0: AR steps padded too
     # With static shapes on CUDA: replay each bucket's forward as a CUDA graph (cuda_graphs.py); None:
-    # SPECDEMO_CUDA_GRAPHS=1, else off (eager) until a GPU run has proved it.
+    # SPECDEMO_CUDA_GRAPHS when set, else on (off under ZeroGPU).
     cuda_graphs: bool | None = None
 
 

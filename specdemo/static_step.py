@@ -179,7 +179,12 @@ class StaticSteps:
         return decoder_features(out, self.layers)
 
     def keep(self, start: int, src: list[int]) -> None:
-        """After the last forward: keep the entries at slots `src` (increasing), moved to start..; drop the rest."""
+        """After the last forward: keep the entries at slots `src` (increasing), moved to start..; drop the rest.
+        Entries already in place (an AR step's; a chain accepted from its first node) move nothing: the copy would
+        be two gathers and two scatters per layer, ~120 kernel launches on a GPU, for nothing."""
+        if src == list(range(start, start + len(src))):
+            self.cache.set_length(start + len(src))
+            return
         step = self._last
         step.compaction(start, src)
         self.cache.move(step.keep_dst, step.keep_src, start + len(src))

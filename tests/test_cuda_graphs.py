@@ -10,11 +10,16 @@ from specdemo.drafters import make_drafter
 from specdemo.engine import GenerationConfig, run_to_end
 
 
-def test_graphs_are_off_on_a_cpu_and_opt_in_on_cuda(monkeypatch):
+def test_graphs_are_off_on_a_cpu_and_on_for_cuda_except_under_zerogpu(monkeypatch):
     monkeypatch.setenv(cuda_graphs.ENV, "1")
     assert not cuda_graphs.wanted(True, torch.device("cpu"))
     assert cuda_graphs.wanted(None, torch.device("cuda"))
+    monkeypatch.setenv(cuda_graphs.ENV, "0")
+    assert not cuda_graphs.wanted(None, torch.device("cuda")) and cuda_graphs.wanted(True, torch.device("cuda"))
     monkeypatch.delenv(cuda_graphs.ENV)
+    monkeypatch.delenv("SPACES_ZERO_GPU", raising=False)
+    assert cuda_graphs.wanted(None, torch.device("cuda"))
+    monkeypatch.setenv("SPACES_ZERO_GPU", "true")
     assert not cuda_graphs.wanted(None, torch.device("cuda")) and cuda_graphs.wanted(True, torch.device("cuda"))
 
 

@@ -81,19 +81,20 @@ def test_kv_compaction_matches_fresh_forward(tiny):
     tree = DraftTree(tokens=[11, 22, 33, 44, 55], parents=[-1, -1, 1, 2, 1])  # accept 22 -> 33 -> 44 (not first)
     cache = KVCache(capacity=8)  # forces a capacity grow too
     with torch.no_grad():
-        tiny.decoder(input_ids=torch.tensor([ctx[:-1]]), past_key_values=cache, use_cache=True)
+        tiny.decoder(input_ids=torch.tensor([ctx[:-1]], device=tiny.device), past_key_values=cache, use_cache=True)
         past = cache.get_seq_length()
-        buf = TreeBuffers.build(tree, len(ctx) - 1)
+        buf = TreeBuffers.build(tree, len(ctx) - 1, tiny.device)
         tree_forward(tiny, cache, ctx[-1:] + tree.tokens, buf)
         path = [2, 3, 4]  # tree positions of 22, 33, 44
         cache.keep(past + 1, [past + i for i in path])
         committed = ctx + [22, 33, 44]
         assert cache.get_seq_length() == len(committed)  # the bonus token (next root) is not cached yet
         nxt = 777
-        h = tiny.decoder(input_ids=torch.tensor([[nxt]]), position_ids=torch.tensor([[len(committed)]]),
+        h = tiny.decoder(input_ids=torch.tensor([[nxt]], device=tiny.device),
+                         position_ids=torch.tensor([[len(committed)]], device=tiny.device),
                          past_key_values=cache, use_cache=True).last_hidden_state
         got = tiny.lm_head(h)[0, -1]
-        want = tiny.model(input_ids=torch.tensor([committed + [nxt]])).logits[0, -1]
+        want = tiny.model(input_ids=torch.tensor([committed + [nxt]], device=tiny.device)).logits[0, -1]
     assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
 
 

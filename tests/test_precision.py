@@ -117,7 +117,7 @@ def test_quantised_layer_is_close_to_the_dense_one():
 def test_every_linear_is_row_invariant(tiny_llama, precision):
     if precision == "int4" and not int4_available():
         pytest.skip("no int4 CPU kernel")
-    target = load_target(str(tiny_llama.model.name_or_path), precision=precision)
+    target = load_target(str(tiny_llama.model.name_or_path), device="cpu", precision=precision)
     assert rows_invariant(target.model)
     assert target.precision == precision and target.exact
     assert ("different model" in target.weights_note) == (precision == "int4")
@@ -126,7 +126,7 @@ def test_every_linear_is_row_invariant(tiny_llama, precision):
 
 @needs_int4
 def test_a_reduced_precision_target_decodes_and_passes_the_tree_check(tiny_llama):
-    target = load_target(str(tiny_llama.model.name_or_path), precision="int4")
+    target = load_target(str(tiny_llama.model.name_or_path), device="cpu", precision="int4")
     check_tree_support(target)
     ids = target.encode_prompt("Hello there")
     out = [t for ev in generate(target, ids, None, GenerationConfig(max_new_tokens=8)) for t in ev.tokens]
@@ -135,7 +135,7 @@ def test_a_reduced_precision_target_decodes_and_passes_the_tree_check(tiny_llama
 
 def test_bad_precisions_are_refused_with_the_allowed_ones(tiny_llama):
     with pytest.raises(ModelLoadError, match="fp32, bf16, int4"):
-        load_target(str(tiny_llama.model.name_or_path), precision="int3")
+        load_target(str(tiny_llama.model.name_or_path), device="cpu", precision="int3")
     with pytest.raises(ValueError, match="fp32, bf16, int4"):
         check_precision("fp8")
 
@@ -172,7 +172,7 @@ def test_the_embedded_int4_weights_are_the_gguf_blocks(embedded):
         assert torch.equal(w, weights[f"model.layers.{layer}.{DECODER_LINEARS[kind]}.weight"])
         checked += 1
     assert checked == 7 * cfg.num_hidden_layers
-    int4 = load_target("embedded", precision="int4")
+    int4 = load_target("embedded", device="cpu", precision="int4")
     assert "GGUF's own Q4_1" in int4.weights_note and rows_invariant(int4.model)
     assert sum(isinstance(m, Int4Linear) for m in int4.model.modules()) == checked
 
@@ -182,7 +182,7 @@ REDUCED = ["bf16", pytest.param("int4", marks=needs_int4)]
 
 
 def _at(tiny, precision: str):
-    return load_target(str(tiny.model.name_or_path), precision=precision)
+    return load_target(str(tiny.model.name_or_path), device="cpu", precision=precision)
 
 
 @pytest.mark.parametrize("precision", REDUCED)
@@ -252,7 +252,7 @@ def test_every_drafter_is_lossless_on_the_embedded_model_at_int4(embedded, sampl
     from specdemo.drafters import make_drafter
     from specdemo.offline.build_datastore import ensure_default
 
-    target = load_target("embedded", precision="int4")
+    target = load_target("embedded", device="cpu", precision="int4")
     ensure_default(target, progress=False)
     cfg = GenerationConfig(max_new_tokens=32, sampling=sampling)
     for text in ("Write a Python function that checks whether a string is a palindrome.",

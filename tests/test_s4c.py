@@ -39,9 +39,9 @@ def _heads(target, seed=0, n_heads=3):
 def test_head_shapes(tiny):
     heads = _heads(tiny)
     d = tiny.model.config.hidden_size
-    ids = torch.randint(0, 3000, (2, 7))
-    feat = torch.randn(2, 7, d)
-    out = heads.head(0, heads.embed(ids), feat, torch.arange(7).expand(2, 7))
+    ids = torch.randint(0, 3000, (2, 7), device=tiny.device)
+    feat = torch.randn(2, 7, d, device=tiny.device)
+    out = heads.head(0, heads.embed(ids), feat, torch.arange(7, device=tiny.device).expand(2, 7))
     assert out.shape == (2, 7, d)
     assert heads.lm_weight().shape == (3000, d)
     assert type(heads.layers[0]) is type(tiny.decoder.layers[0])  # the target's own decoder-layer class
@@ -51,15 +51,15 @@ def _unrolled_heads(t, heads, seq: list[int], start: int = 0) -> list[torch.Tens
     """Each head's outputs as training computes them: unrolled over seq[start:] (the trainer's prompt crop), with
     positions numbered from 0 and head h fed the tokens h + 1 ahead."""
     with torch.no_grad():
-        u = t.decoder(input_ids=torch.tensor([seq])).last_hidden_state[:, start:]  # (1, T, d)
+        u = t.decoder(input_ids=torch.tensor([seq], device=t.device)).last_hidden_state[:, start:]  # (1, T, d)
         T = u.shape[1]
-        emb = heads.embed(torch.tensor([seq[start:]]))
+        emb = heads.embed(torch.tensor([seq[start:]], device=t.device))
         outs = []
         for h in range(heads.n_heads):
             k = h + 1
             e = torch.zeros_like(emb)
             e[:, : T - k] = emb[:, k:]
-            u = heads.head(h, e, u, torch.arange(T).unsqueeze(0))
+            u = heads.head(h, e, u, torch.arange(T, device=t.device).unsqueeze(0))
             outs.append(u[0])
     return outs
 

@@ -68,13 +68,14 @@ def test_standard_positions_untouched_by_adapter(tiny):
     # root -> a -> b, with probe chains under root and under a; and a side branch c
     tree = DraftTree(tokens=[11, 22, 3, 3, 3, 3, 33], parents=[-1, 0, -1, 2, 0, 4, -1],
                      probe=[False, False, True, True, True, True, False])
-    buf = TreeBuffers.build(tree, len(ctx) - 1)
+    buf = TreeBuffers.build(tree, len(ctx) - 1, tiny.device)
     drafter = SDSATDrafter(tiny, ad, k=2)
     outs = {}
     for mode in ("plain", "adapter"):
         cache = KVCache(capacity=32)
         with torch.no_grad():
-            tiny.decoder(input_ids=torch.tensor([ctx[:-1]]), past_key_values=cache, use_cache=True)
+            tiny.decoder(input_ids=torch.tensor([ctx[:-1]], device=tiny.device), past_key_values=cache,
+                         use_cache=True)
             if mode == "adapter":
                 with drafter.verify_context(tree, buf):
                     h = tree_forward(tiny, cache, ctx[-1:] + tree.tokens, buf)
@@ -90,10 +91,10 @@ def test_standard_positions_untouched_by_adapter(tiny):
         assert torch.equal(k_plain[:, :, : past + 1], k_ad[:, :, : past + 1])
         assert torch.equal(k_plain[:, :, [past + r for r in std_rows]], k_ad[:, :, [past + r for r in std_rows]])
     # hooks are gone after the block: a plain model forward equals the reference
-    x = torch.tensor([ctx])
+    x = torch.tensor([ctx], device=tiny.device)
     with torch.no_grad():
         a = tiny.model(input_ids=x).logits
-        with drafter.verify_context(DraftTree.empty(), TreeBuffers.build(DraftTree.empty(), 0)):
+        with drafter.verify_context(DraftTree.empty(), TreeBuffers.build(DraftTree.empty(), 0, tiny.device)):
             pass
         b = tiny.model(input_ids=x).logits
     assert torch.equal(a, b)

@@ -14,6 +14,7 @@ import specdemo.engine as engine
 from specdemo.drafters import make_drafter
 from specdemo.engine import Drafter, GenerationConfig, run_to_end
 from specdemo.verify import check_tree_support, prefilled_cache, trial_forward
+from specdemo.kvcache import KVCache
 from specdemo.sampling import SamplingConfig
 from specdemo.static_step import STATIC_BUCKETS, StaticSteps, buckets_for, configured_buckets, wanted
 from specdemo.target import UnsupportedForTree
@@ -162,8 +163,9 @@ def test_buffers_allocated_once_per_bucket_and_dummies_padded(tiny_llama, record
 def _static_logits(target, ctx, tree, buckets, max_nodes=64, committed_max=None):
     past = len(ctx) - 1
     steps = StaticSteps(target, committed_max or len(ctx) + 8, max_nodes, buckets)
-    target.decoder(input_ids=torch.tensor([ctx[:-1]]), past_key_values=steps.cache, use_cache=True)
-    buf = TreeBuffers.build(tree, past)
+    target.decoder(input_ids=torch.tensor([ctx[:-1]], device=target.device), past_key_values=steps.cache,
+                   use_cache=True)
+    buf = TreeBuffers.build(tree, past, target.device)
     with torch.no_grad():
         hidden = steps.forward([ctx[-1]] + tree.tokens, buf, past)
         return target.lm_head(hidden[: buf.n]), steps._last.rows
@@ -200,18 +202,40 @@ def test_compaction_keeps_only_the_accepted_path(tiny):
     ctx = torch.randint(100, 5000, (9,)).tolist()
     tree = DraftTree(tokens=[11, 22, 33, 44, 55], parents=[-1, -1, 1, 2, 1])  # accept 22 -> 33 -> 44 (not first)
     steps = StaticSteps(tiny, 20, 8, (0, 8))
-    tiny.decoder(input_ids=torch.tensor([ctx[:-1]]), past_key_values=steps.cache, use_cache=True)
+    tiny.decoder(input_ids=torch.tensor([ctx[:-1]], device=tiny.device), past_key_values=steps.cache, use_cache=True)
     past = len(ctx) - 1
-    steps.forward(ctx[-1:] + tree.tokens, TreeBuffers.build(tree, past), past)
+    steps.forward(ctx[-1:] + tree.tokens, TreeBuffers.build(tree, past, tiny.device), past)
     steps.keep(past + 1, [past + 2, past + 3, past + 4])
     committed = ctx + [22, 33, 44]
     assert steps.cache.get_seq_length() == len(committed)
     nxt = DraftTree.empty()
-    h = steps.forward([777], TreeBuffers.build(nxt, len(committed)), len(committed))
+    h = steps.forward([777], TreeBuffers.build(nxt, len(committed), tiny.device), len(committed))
     got = tiny.lm_head(h[:1])[0]
-    want = tiny.model(input_ids=torch.tensor([committed + [777]])).logits[0, -1]
+    want = tiny.model(input_ids=torch.tensor([committed + [777]], device=tiny.device)).logits[0, -1]
     assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
     assert steps._last.rows == 1
+
+
+def test_entries_already_in_place_move_nothing(tiny, monkeypatch):
+    """An AR step's entry and a chain accepted from its first node are where the compaction would put them: no copy
+    runs (on a GPU each is ~120 kernel launches), and the next step still sees exactly the committed tokens."""
+    moves = []
+    monkeypatch.setattr(KVCache, "move", lambda self, dst, src, length: moves.append(length))
+    torch.manual_seed(2)
+    ctx = torch.randint(100, 5000, (9,)).tolist()
+    tree = DraftTree(tokens=[11, 22, 33, 44], parents=[-1, 0, 1, -1])  # accept 11 -> 22 -> 33: rows 1, 2, 3
+    steps = StaticSteps(tiny, 20, 8, (0, 8))
+    tiny.decoder(input_ids=torch.tensor([ctx[:-1]], device=tiny.device), past_key_values=steps.cache, use_cache=True)
+    past = len(ctx) - 1
+    steps.forward(ctx[-1:] + tree.tokens, TreeBuffers.build(tree, past, tiny.device), past)
+    steps.keep(past + 1, [past + 1, past + 2, past + 3])
+    committed = ctx + [11, 22, 33]
+    steps.forward([777], TreeBuffers.build(DraftTree.empty(), len(committed), tiny.device), len(committed))
+    steps.keep(len(committed) + 1, [])  # an AR step
+    assert moves == [] and steps.cache.get_seq_length() == len(committed) + 1
+    h = steps.forward([5], TreeBuffers.build(DraftTree.empty(), len(committed) + 1, tiny.device), len(committed) + 1)
+    want = tiny.model(input_ids=torch.tensor([committed + [777, 5]], device=tiny.device)).logits[0, -1]
+    assert torch.allclose(tiny.lm_head(h[:1])[0], want, atol=1e-4, rtol=1e-4)
 
 
 # ---------------------------------------------------------------- the self-check

@@ -126,6 +126,7 @@ class S4CHeads(nn.Module):
         self.register_buffer("draft_vocab", draft_vocab.long().clone(), persistent=True)
         # frozen references to the target (not parameters of this module, never saved)
         self._target = [target]
+        self.to(target.device)  # beside the target; its dtype is the caller's (training keeps fp32)
 
     @property
     def target(self):
