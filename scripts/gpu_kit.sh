@@ -3,10 +3,10 @@
 # The machine has Python 3.12 with torch, transformers, accelerate, peft, safetensors and tokenizers, and no network;
 # a call carries at most 64 MiB with the working tree (~28 MB), and files outside $OUT stay on the machine only while
 # it is warm (30 s after a call).  So the kit is wheels, the distillation prompts as text, and the embedded GGUF
-# (98 MB) in parts of 33 MiB, one part per call:
+# (98 MB) in parts that fill what a call carries beside the working tree, one part per call:
 #
 #   bash scripts/gpu_kit.sh pack        # here, once: fills .gpukit/ (ignored by git)
-#   carry .gpukit/base, then .gpukit/part-01, -02, -03 in turn, each call starting with
+#   carry .gpukit/base, then .gpukit/part-01, -02, ... in turn, each call starting with
 #   bash scripts/gpu_kit.sh unpack      # there: keeps what was carried in /tmp/gpukit, installs the wheels into
 #                                       # /tmp/site, and once all parts are there the model and the journals
 #   export PYTHONPATH=/tmp/site:$PWD    # then `python3 -m specdemo ...` runs there
@@ -48,7 +48,12 @@ print(f"{len(specs)} prompts of the unfinished shards -> {sys.argv[1]}")
 EOF
     gguf=$($PY -c 'from specdemo.target import embedded_gguf_path; print(embedded_gguf_path())')
     sha256sum "$gguf" | cut -d' ' -f1 > "$KIT/base/gguf.sha256"
-    split -b 33M -d -a 2 --numeric-suffixes=1 "$gguf" "$KIT/gguf."
+    # each part fills what a call can carry beside the working tree (64 MiB, less a 2 MiB margin)
+    local tree; tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s 2>/dev/null |
+        awk '{s += $1} END {print s}')
+    local part=$(( 64 * 1048576 - tree - 2 * 1048576 ))
+    [ $((tree + $(du -sb "$KIT/base" | cut -f1))) -lt $((64 * 1048576)) ] || echo "gpu_kit: base and tree exceed 64 MiB"
+    split -b "$part" -d -a 2 --numeric-suffixes=1 "$gguf" "$KIT/gguf."
     for f in "$KIT"/gguf.??; do mkdir -p "$KIT/part-${f##*.}" && mv "$f" "$KIT/part-${f##*.}/"; done
     du -sh "$KIT"/*
 }
