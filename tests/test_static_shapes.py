@@ -195,16 +195,22 @@ def test_padding_is_bit_exact_and_the_fixed_length_only_rounds(tiny):
 
 
 @torch.no_grad()
-def test_compaction_keeps_only_the_accepted_path(tiny):
-    """After a padded step and an index-tensor compaction, the cache holds context + accepted path: the next
-    step's logits equal a fresh forward over the committed tokens (no dummy or rejected entry survives)."""
-    torch.manual_seed(1)
+def _one_tree_step(tiny, tree: DraftTree, seed: int) -> tuple[StaticSteps, list[int], int]:
+    """Static steps after a 9-token context's prefill and one padded step over `tree`: (steps, context, root slot)."""
+    torch.manual_seed(seed)
     ctx = torch.randint(100, 5000, (9,)).tolist()
-    tree = DraftTree(tokens=[11, 22, 33, 44, 55], parents=[-1, -1, 1, 2, 1])  # accept 22 -> 33 -> 44 (not first)
     steps = StaticSteps(tiny, 20, 8, (0, 8))
     tiny.decoder(input_ids=torch.tensor([ctx[:-1]], device=tiny.device), past_key_values=steps.cache, use_cache=True)
     past = len(ctx) - 1
     steps.forward(ctx[-1:] + tree.tokens, TreeBuffers.build(tree, past, tiny.device), past)
+    return steps, ctx, past
+
+
+def test_compaction_keeps_only_the_accepted_path(tiny):
+    """After a padded step and an index-tensor compaction, the cache holds context + accepted path: the next
+    step's logits equal a fresh forward over the committed tokens (no dummy or rejected entry survives)."""
+    tree = DraftTree(tokens=[11, 22, 33, 44, 55], parents=[-1, -1, 1, 2, 1])  # accept 22 -> 33 -> 44 (not first)
+    steps, ctx, past = _one_tree_step(tiny, tree, seed=1)
     steps.keep(past + 1, [past + 2, past + 3, past + 4])
     committed = ctx + [22, 33, 44]
     assert steps.cache.get_seq_length() == len(committed)
@@ -221,13 +227,8 @@ def test_entries_already_in_place_move_nothing(tiny, monkeypatch):
     runs (on a GPU each is ~120 kernel launches), and the next step still sees exactly the committed tokens."""
     moves = []
     monkeypatch.setattr(KVCache, "move", lambda self, dst, src, length: moves.append(length))
-    torch.manual_seed(2)
-    ctx = torch.randint(100, 5000, (9,)).tolist()
     tree = DraftTree(tokens=[11, 22, 33, 44], parents=[-1, 0, 1, -1])  # accept 11 -> 22 -> 33: rows 1, 2, 3
-    steps = StaticSteps(tiny, 20, 8, (0, 8))
-    tiny.decoder(input_ids=torch.tensor([ctx[:-1]], device=tiny.device), past_key_values=steps.cache, use_cache=True)
-    past = len(ctx) - 1
-    steps.forward(ctx[-1:] + tree.tokens, TreeBuffers.build(tree, past, tiny.device), past)
+    steps, ctx, past = _one_tree_step(tiny, tree, seed=2)
     steps.keep(past + 1, [past + 1, past + 2, past + 3])
     committed = ctx + [11, 22, 33]
     steps.forward([777], TreeBuffers.build(DraftTree.empty(), len(committed), tiny.device), len(committed))
