@@ -43,6 +43,7 @@ from specdemo.tree import DraftTree, TreeBuffers
 
 STATIC_BUCKETS: tuple[int, ...] = (0, 4, 8, 16, 32, 64)  # tree nodes; the forward sees one row more (the root)
 CAPACITY_STEP = 256  # a pooled run's committed length, rounded up to this: requests of similar size share one
+POOL_LIMIT = 8  # idle pooled steps kept per target
 ENV = "SPECDEMO_STATIC_SHAPES"
 BUCKETS_ENV = "SPECDEMO_STATIC_BUCKETS"
 
@@ -201,10 +202,11 @@ def acquire_steps(target: Target, committed_max: int, max_nodes: int, buckets: S
     from specdemo.cuda_graphs import GraphedSteps  # graphs wrap static steps; the pool serves both
 
     committed = -(-committed_max // CAPACITY_STEP) * CAPACITY_STEP
-    key = ("static steps", committed, max_nodes, tuple(buckets), tuple(layers), graphed)
+    key = (committed, max_nodes, tuple(buckets), tuple(layers), graphed)
     with target.lock:
-        free = target.artifacts.setdefault(key, [])
-        steps = free.pop() if free else None
+        idle = idle_steps(target)
+        at = next((i for i in range(len(idle) - 1, -1, -1) if idle[i][0] == key), None)
+        steps = idle.pop(at)[1] if at is not None else None
     if steps is None:
         steps = StaticSteps(target, committed, max_nodes, buckets, layers)
         steps.pool_key = key
@@ -215,10 +217,18 @@ def acquire_steps(target: Target, committed_max: int, max_nodes: int, buckets: S
 
 
 def release_steps(target: Target, steps: "StaticSteps") -> None:
-    """Back to the pool, for the next request of the same shapes."""
+    """Back to the pool, for the next request of the same shapes; beyond POOL_LIMIT idle entries the one released
+    longest ago goes (each holds a fixed-length cache: ~46 KB per slot on the embedded model)."""
     key = steps.pool_key if isinstance(steps, StaticSteps) else steps.steps.pool_key
     with target.lock:
-        target.artifacts.setdefault(key, []).append(steps)
+        idle = idle_steps(target)
+        idle.append((key, steps))
+        del idle[: max(0, len(idle) - POOL_LIMIT)]
+
+
+def idle_steps(target: Target) -> list[tuple[tuple, "StaticSteps"]]:
+    """The target's pool: (shape key, steps) not held by a run, the most recently released last."""
+    return target.artifacts.setdefault("static steps", [])
 
 
 def static_trial(target: Target, ctx: list[int], tree: DraftTree) -> torch.Tensor:

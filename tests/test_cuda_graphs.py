@@ -8,6 +8,7 @@ import torch
 from specdemo import cuda_graphs
 from specdemo.drafters import make_drafter
 from specdemo.engine import GenerationConfig, run_to_end
+from specdemo.static_step import idle_steps
 
 
 def test_graphs_are_off_on_a_cpu_and_on_for_cuda_except_under_zerogpu(monkeypatch):
@@ -59,8 +60,7 @@ def test_a_drafter_that_hooks_the_forward_never_replays_graphs(tiny_llama, monke
 
     monkeypatch.setattr(cuda_graphs, "wanted", lambda flag, device: True)
     monkeypatch.setattr(cuda_graphs, "GraphedSteps", FakeGraphs)
-    for key in [k for k in tiny_llama.artifacts if k[0] == "static steps"]:
-        del tiny_llama.artifacts[key]
+    idle_steps(tiny_llama).clear()
     FakeGraphs.made = []
     prompt = [321, 654, 987, 111] * 3
     cfg = GenerationConfig(max_new_tokens=16, static_shapes=True)

@@ -16,7 +16,8 @@ from specdemo.engine import Drafter, GenerationConfig, run_to_end
 from specdemo.verify import check_tree_support, prefilled_cache, trial_forward
 from specdemo.kvcache import KVCache
 from specdemo.sampling import SamplingConfig
-from specdemo.static_step import STATIC_BUCKETS, StaticSteps, buckets_for, configured_buckets, wanted
+from specdemo.static_step import (CAPACITY_STEP, POOL_LIMIT, STATIC_BUCKETS, StaticSteps, acquire_steps,
+                                  buckets_for, configured_buckets, idle_steps, release_steps, wanted)
 from specdemo.target import UnsupportedForTree
 from specdemo.tree import DraftTree, TreeBuffers
 
@@ -294,10 +295,9 @@ def test_pooled_steps_serve_later_requests_with_the_tokens_of_fresh_ones(tiny_ll
     later request of similar size reuses them, reset, and decodes exactly what the plain engine decodes; a run the
     caller stops early gives them back too, and interleaved runs (a race) each hold their own."""
     def pooled():
-        return [s for key, free in tiny_llama.artifacts.items() if key[0] == "static steps" for s in free]
+        return idle_steps(tiny_llama)
 
-    for key in [k for k in tiny_llama.artifacts if k[0] == "static steps"]:
-        del tiny_llama.artifacts[key]
+    pooled().clear()
     prompts = [([321, 654, 987, 111] * 5) + [321, 654], [77, 88, 99, 77, 88, 99, 5], [321, 654, 987]]
     cfg = GenerationConfig(max_new_tokens=24, sampling=SAMPLING)
     for prompt in prompts + prompts[:1]:
@@ -311,6 +311,9 @@ def test_pooled_steps_serve_later_requests_with_the_tokens_of_fresh_ones(tiny_ll
     assert pooled() == []  # both runs hold steps: the pool made a second entry
     first.close(), second.close()
     assert len(pooled()) == 2
+    for committed in range(0, 12 * CAPACITY_STEP, CAPACITY_STEP):  # twelve shapes released: the oldest go
+        release_steps(tiny_llama, acquire_steps(tiny_llama, committed + 1, 8, (0, 8), (), False))
+    assert len(pooled()) == POOL_LIMIT and pooled()[-1][0][0] == 12 * CAPACITY_STEP
 
 
 def test_prompt_lookup_tiny_models(tiny):
