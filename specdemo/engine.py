@@ -76,14 +76,15 @@ class Drafter:
                     (rows, (len + 1) * d), the last hidden states last (target.decoder_features).
     verify_context -- a context manager wrapped around the verification forward (SDSAT uses it to switch its
                     adapter on at probe positions only).
-    hooks_forward -- verify_context changes the forward per step (hooks at rows that vary): such a drafter's steps
-                    never replay as CUDA graphs, which would bake one step's hooks into every replay.
+    graph_key -- what its verification forward is, for CUDA graphs (a graph replays the kernels of its capture,
+                    hooks included): "" the plain forward (graphs shared with every plain drafter), another value a
+                    forward of its own (graphs of its own), None a forward that changes per step (no graphs).
     """
 
     name = "none"
     needs_hidden = False
     feature_layers: tuple[int, ...] = ()
-    hooks_forward = False
+    graph_key: object = ""
 
     def begin(self, state: DecodeState, prompt_hidden: torch.Tensor | None) -> None:
         pass
@@ -239,9 +240,9 @@ def _prefill(target: Target, prompt_ids: list[int], drafter: Drafter, cfg: Gener
     features."""
     state = DecodeState(list(prompt_ids), len(prompt_ids), cfg.max_new_tokens, cfg.sampling, target)
     layers = tuple(drafter.feature_layers)
-    graphed = cuda_graphs.wanted(cfg.cuda_graphs, target.device) and not drafter.hooks_forward
+    graphs = drafter.graph_key if cuda_graphs.wanted(cfg.cuda_graphs, target.device) else None
     steps = acquire_steps(target, len(prompt_ids) + cfg.max_new_tokens, cfg.max_tree_nodes, cfg.static_buckets,
-                          layers, graphed) if static else None
+                          layers, graphs) if static else None
     cache = steps.cache if steps else KVCache(capacity=len(prompt_ids) + cfg.max_new_tokens + cfg.max_tree_nodes + 2)
     with target.lock:
         t0 = time.perf_counter()

@@ -192,17 +192,18 @@ class StaticSteps:
 
 
 def acquire_steps(target: Target, committed_max: int, max_nodes: int, buckets: Sequence[int],
-                  layers: tuple[int, ...], graphed: bool) -> "StaticSteps":
+                  layers: tuple[int, ...], graphs: object = None) -> "StaticSteps":
     """A run's static steps from a pool kept on the target, reset; `release_steps` gives them back at the run's end.
 
     Steps are pooled by their shapes (the committed length rounded up to CAPACITY_STEP, the buckets, the features), so
-    a request reuses an earlier one's fixed-length cache and buffers and, when `graphed`, its captured CUDA graphs: a
-    capture costs three eager forwards per bucket, which a 128-token answer cannot pay every time.  Runs interleaved
+    a request reuses an earlier one's fixed-length cache and buffers and, unless `graphs` is None, its captured CUDA
+    graphs: a capture costs three eager forwards per bucket, which a 128-token answer cannot pay every time.  `graphs`
+    is the drafter's graph_key (engine.Drafter): drafters whose forwards differ never share graphs.  Runs interleaved
     by a race each hold their own steps (a pool hands an entry to one run at a time)."""
     from specdemo.cuda_graphs import GraphedSteps  # graphs wrap static steps; the pool serves both
 
     committed = -(-committed_max // CAPACITY_STEP) * CAPACITY_STEP
-    key = (committed, max_nodes, tuple(buckets), tuple(layers), graphed)
+    key = (committed, max_nodes, tuple(buckets), tuple(layers), graphs)
     with target.lock:
         idle = idle_steps(target)
         at = next((i for i in range(len(idle) - 1, -1, -1) if idle[i][0] == key), None)
@@ -210,7 +211,7 @@ def acquire_steps(target: Target, committed_max: int, max_nodes: int, buckets: S
     if steps is None:
         steps = StaticSteps(target, committed, max_nodes, buckets, layers)
         steps.pool_key = key
-        if graphed:
+        if graphs is not None:
             steps = GraphedSteps(steps)
     steps.reset()
     return steps

@@ -25,7 +25,7 @@ def test_graphs_are_off_on_a_cpu_and_on_for_cuda_except_under_zerogpu(monkeypatc
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-@pytest.mark.parametrize("method", ["none", "pld", "rest"])
+@pytest.mark.parametrize("method", ["none", "pld", "rest", "s4c", "sdsat"])
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_replayed_steps_give_the_eager_static_tokens(embedded, method, temperature):
     from specdemo.sampling import SamplingConfig
@@ -53,10 +53,13 @@ class FakeGraphs(cuda_graphs.GraphedSteps):
         return self.steps.forward(ids, tree, past)
 
 
-def test_a_drafter_that_hooks_the_forward_never_replays_graphs(tiny_llama, monkeypatch):
-    """A graph replays the kernels of its capture, hooks included: SDSAT's adapter hooks sit at each step's probe
-    rows, so its steps stay eager (and in a pool of their own), while other drafters' steps replay."""
+def test_graphs_follow_the_drafters_forward(tiny_llama, monkeypatch):
+    """A graph replays the kernels of its capture, hooks included: a drafter whose forward changes per step
+    (graph_key None) never replays graphs; one with a forward of its own (SDSAT's graph-safe hooks) gets graphs of
+    its own; plain drafters share theirs."""
     from conftest import OracleDrafter
+
+    from specdemo.drafters.sdsat.drafter import SDSATDrafter
 
     monkeypatch.setattr(cuda_graphs, "wanted", lambda flag, device: True)
     monkeypatch.setattr(cuda_graphs, "GraphedSteps", FakeGraphs)
@@ -67,12 +70,17 @@ def test_a_drafter_that_hooks_the_forward_never_replays_graphs(tiny_llama, monke
     ref, _ = run_to_end(tiny_llama, prompt, None, GenerationConfig(max_new_tokens=16, static_shapes=False))
 
     class Hooking(OracleDrafter):
-        hooks_forward = True
+        graph_key = None
 
     assert run_to_end(tiny_llama, prompt, Hooking(ref, 3000, probes=True), cfg)[0] == ref
     assert FakeGraphs.made == []
     assert run_to_end(tiny_llama, prompt, OracleDrafter(ref, 3000), cfg)[0] == ref
-    assert len(FakeGraphs.made) == 1
-    from specdemo.drafters.sdsat.drafter import SDSATDrafter
+    assert run_to_end(tiny_llama, prompt, None, cfg)[0] == ref
+    assert len(FakeGraphs.made) == 1  # the oracle's and AR's forwards are the same: one pooled entry
+    from test_sdsat import _noisy_adapter
 
-    assert SDSATDrafter.hooks_forward  # the real drafter that hooks
+    sdsat = SDSATDrafter(tiny_llama, _noisy_adapter(tiny_llama), k=2)
+    assert sdsat.graph_key is None  # a CPU: probe-row hooks
+    sdsat.masked_rows = True  # CUDA's graph-safe hooks
+    assert run_to_end(tiny_llama, prompt, sdsat, cfg)[0] == ref
+    assert len(FakeGraphs.made) == 2 and [k[-1] for k, _ in idle_steps(tiny_llama)].count(sdsat.graph_key) == 1

@@ -312,7 +312,7 @@ def test_pooled_steps_serve_later_requests_with_the_tokens_of_fresh_ones(tiny_ll
     first.close(), second.close()
     assert len(pooled()) == 2
     for committed in range(0, 12 * CAPACITY_STEP, CAPACITY_STEP):  # twelve shapes released: the oldest go
-        release_steps(tiny_llama, acquire_steps(tiny_llama, committed + 1, 8, (0, 8), (), False))
+        release_steps(tiny_llama, acquire_steps(tiny_llama, committed + 1, 8, (0, 8), ()))
     assert len(pooled()) == POOL_LIMIT and pooled()[-1][0][0] == 12 * CAPACITY_STEP
 
 

@@ -151,6 +151,45 @@ class SDSATAdapter(torch.nn.Module):
             for h in handles:
                 h.remove()
 
+    @contextmanager
+    def active_at(self, probes: "ProbeRows"):
+        """`active` for inference in a form a CUDA graph can replay: the hooks run on every row of the forward and
+        read which rows are probes from `probes`' static masks (written before each forward), so a graph captured
+        through them applies the adapter at each later step's rows, not the capture's.  A row that is not a probe
+        gets exactly its plain output (its own embedding; + 0 from a zeroed LoRA input)."""
+        handles = []
+
+        def emb_hook(mod, args, out):
+            on, _ = probes.masks(out.shape[1], out.device)
+            return torch.where(on, self.embedding.to(out.dtype), out)
+
+        try:
+            handles.append(self._base[0].register_forward_hook(emb_hook))
+            for mods, a_cat, b_list in self._inference_groups():
+                for mod, hook in zip(mods, self._masked_group_hooks(a_cat, b_list, probes)):
+                    handles += _register_output_hook(mod, hook)
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+    def _masked_group_hooks(self, a_cat: torch.Tensor, b_list: list[torch.Tensor], probes: "ProbeRows"):
+        """`_group_hooks` over every row, the LoRA-A product zeroed outside the probe rows."""
+        memo: list = [None, None]
+        r = self.rank
+
+        def make(i: int, b: torch.Tensor):
+            def hook(mod, args, out):
+                x = args[0]
+                if memo[0] is not x:
+                    _, weight = probes.masks(x.shape[1], x.device)
+                    memo[0], memo[1] = x, (x[0] @ a_cat) * weight.to(x.dtype)
+                out[0].addmm_(memo[1][:, i * r : (i + 1) * r], b)
+                return out
+            return hook
+
+        return [make(i, b) for i, b in enumerate(b_list)]
+
     def _inference_groups(self):
         """Modules that read the same input (q/k/v of one layer, gate/up of one layer, ...) with their LoRA-A
         matrices stacked, so one product serves the group; B pre-transposed and pre-scaled.  Built once and reused
@@ -276,3 +315,35 @@ def default_token_id(tokenizer) -> int:
         if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid is not None and tid >= 0:
             return tid
     return 0
+
+
+class ProbeRows:
+    """Which rows of a verification forward are probes, as static per-size masks (a padded forward has a fixed
+    number of rows per bucket): `set` rewrites every mask in place before a forward, so a CUDA graph that reads them
+    sees the current step's rows."""
+
+    def __init__(self) -> None:
+        self._masks: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # rows -> (bool (1, rows, 1), (rows, 1))
+        self._rows: list[int] = []
+
+    def masks(self, rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if rows not in self._masks:
+            on = torch.zeros(1, rows, 1, dtype=torch.bool, device=device)
+            weight = torch.zeros(rows, 1, device=device)
+            self._masks[rows] = (on, weight)
+            self._write(on, weight)
+        return self._masks[rows]
+
+    def set(self, rows: list[int]) -> None:
+        self._rows = list(rows)
+        for on, weight in self._masks.values():
+            self._write(on, weight)
+
+    def _write(self, on: torch.Tensor, weight: torch.Tensor) -> None:
+        on.zero_()
+        weight.zero_()
+        rows = [r for r in self._rows if r < on.shape[1]]
+        if rows:
+            idx = torch.tensor(rows, dtype=torch.long).to(on.device, non_blocking=True)
+            on[0, idx] = True
+            weight[idx] = 1.0

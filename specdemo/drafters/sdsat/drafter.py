@@ -31,6 +31,7 @@ from specdemo.drafters.pld import lookup_with_ngram_length
 from specdemo.drafters.sdsat.adapter import (
     CONFIG_FILE,
     AdapterError,
+    ProbeRows,
     default_artifact_dir,
     load_adapter,
     mismatch,
@@ -70,6 +71,12 @@ class SDSATDrafter(Drafter):
         # probability (budget.best_size); a probe chain rides along with the node it hangs under
         self.dynamic, self.calibration_path = bool(dynamic), calibration
         self.calibrator, self.rel_cost = None, None
+        # the graph-safe hooks (every row, probe rows from masks) on CUDA; the masks live with the adapter, so every
+        # drafter over it writes the buffers its captured graphs read
+        self.masked_rows = target.device.type == "cuda"
+        if not hasattr(adapter, "probe_rows"):
+            adapter.probe_rows = ProbeRows()
+        self.probe_rows = adapter.probe_rows
         self.reset_stats()
         self._pending: list[list[int]] | None = None
         self._pending_p: list[list[float]] | None = None  # the probes' probabilities of those candidates
@@ -149,11 +156,21 @@ class SDSATDrafter(Drafter):
         keep |= {i for o, c in chains.items() if o == -1 or o in keep for i in c}
         return tree.subtree(sorted(keep))
 
-    hooks_forward = True  # the adapter's hooks sit at each step's probe rows
+    @property
+    def graph_key(self) -> tuple | None:
+        """On CUDA the adapter's hooks read the probe rows from static masks (`SDSATAdapter.active_at`), so the
+        steps replay as CUDA graphs of their own (the adapter is in them); on a CPU the hooks touch only the probe
+        rows, which change every step: no graph."""
+        return ("sdsat", id(self.adapter)) if self.masked_rows else None
 
     @contextmanager
     def verify_context(self, tree: DraftTree, buffers: TreeBuffers):
         rows = [i + 1 for i in range(len(tree)) if tree.is_probe(i)]
+        if self.masked_rows:
+            self.probe_rows.set(rows)
+            with self.adapter.active_at(self.probe_rows):
+                yield
+            return
         if not rows:
             yield
             return
