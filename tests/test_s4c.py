@@ -224,6 +224,16 @@ def test_training_loss_falls(tiny_llama, tmp_path):
     want = s4c.build_draft_vocab(train_recs, 24, t.lm_head.weight.shape[0], special)
     assert len(new.draft_vocab) == 24 < len(old.draft_vocab) and torch.equal(new.draft_vocab, want)
     assert torch.equal(new.fc[0].weight, old.fc[0].weight)
+    # --init of last-layer heads with --feature-layers: the fused heads start as those heads (the projection passes
+    # the last layer through), so they draft what the initial heads draft
+    fused = types.SimpleNamespace(**{**vars(warm), "out": str(tmp_path / "fused"), "feature_layers": [1],
+                                     "feature_cache": str(tmp_path / "fc1")})
+    assert s4c.train(fused) == 0
+    f = load_heads(t, tmp_path / "fused")
+    assert f.feature_layers == (1,) and torch.equal(f.fc[0].weight, old.fc[0].weight)
+    d = f.d
+    assert torch.allclose(f.fuse.weight[:, -d:].float(), torch.eye(d), atol=1e-3)
+    assert f.fuse.weight[:, :-d].abs().max() < 1e-3
 
 
 def test_training_time_test_feeds_each_head_the_previous_heads_output(tiny_llama, tmp_path):

@@ -155,14 +155,17 @@ def _make_heads(args, target, records: list[dict], resumed: dict | None, log) ->
     if init is not None:
         args.n_heads, args.intermediate_size = init.n_heads, init.intermediate_size
     heads = S4CHeads(target, args.n_heads, args.intermediate_size, draft_vocab, args.feature_layers).to(target.device)
-    if init is not None and init.feature_layers != heads.feature_layers:
+    if init is not None and init.feature_layers and init.feature_layers != heads.feature_layers:
         raise ValueError(f"--init heads read layers {list(init.feature_layers)}: pass --feature-layers with those")
     if init is not None:
-        # the draft vocabulary only picks rows of the target's LM head, so the weights carry over to a new one
+        # the draft vocabulary only picks rows of the target's LM head, so the weights carry over to a new one; heads
+        # that read the last layer alone start fused heads whose projection passes the last layer through (its init)
         heads.load_state_dict({k: v.float() for k, v in init.state_dict().items() if k != "draft_vocab"},
                               strict=False)
         log(f"initialised from the heads in {args.init}"
-            + (f" (a new draft vocabulary of {len(draft_vocab)} tokens from --data)" if args.new_vocab else ""))
+            + (f" (a new draft vocabulary of {len(draft_vocab)} tokens from --data)" if args.new_vocab else "")
+            + (f" (+ a fusion of layers {list(heads.feature_layers)}, starting as the last layer alone)"
+               if heads.feature_layers and not init.feature_layers else ""))
     if resumed is not None:
         missing, unexpected = heads.load_state_dict(resumed["model"], strict=False)
         if [k for k in missing + unexpected if not k.startswith("rotary.")]:
