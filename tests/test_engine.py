@@ -143,7 +143,7 @@ def test_every_token_carries_the_targets_top2_gap_where_it_was_chosen(tiny_llama
     cfg = GenerationConfig(max_new_tokens=24)
     ref, ar_events = run_to_end(tiny_llama, prompt, None, cfg)
     with torch.no_grad():  # one full forward over prompt + answer: the logits that chose every answer token
-        logits = tiny_llama.model(torch.tensor([prompt + ref[:-1]])).logits[0, len(prompt) - 1:]
+        logits = tiny_llama.model(torch.tensor([prompt + ref[:-1]], device=tiny_llama.device)).logits[0, len(prompt) - 1:]
     best = logits.float().topk(2, -1).values
     ar_margins = [g for ev in ar_events for g in ev.margins]
     assert ar_margins == pytest.approx((best[:, 0] - best[:, 1]).tolist(), abs=1e-4)
@@ -217,7 +217,7 @@ def test_sampling_distribution_exact_after_wrong_draft(tiny_llama):
     prompt = [400, 500, 600, 700]
     sc = SamplingConfig(temperature=1.0, top_k=6)
     with torch.no_grad():
-        logits = tiny_llama.model(input_ids=torch.tensor([prompt])).logits[0, -1].float()
+        logits = tiny_llama.model(input_ids=torch.tensor([prompt], device=tiny_llama.device)).logits[0, -1].float()
     probs = filter_logits(logits[None], sc)[0].softmax(-1)
     support = probs.nonzero().flatten().tolist()
     worst = min(support, key=lambda t: probs[t])
@@ -520,7 +520,7 @@ def test_declared_feature_layers_reach_the_drafter(tiny_llama, static):
     out, events = run_to_end(t, ids, probe, cfg)
     assert out == ref and any(e.accepted for e in events)
     with torch.no_grad():
-        full = t.decoder(input_ids=torch.tensor([ids + out]), output_hidden_states=True)
+        full = t.decoder(input_ids=torch.tensor([ids + out], device=t.device), output_hidden_states=True)
     want = torch.cat([full.hidden_states[1][0], full.hidden_states[2][0], full.last_hidden_state[0]], -1)
     assert probe.prompt_hidden.shape == (len(ids) - 1, 3 * d)
     torch.testing.assert_close(probe.prompt_hidden, want[: len(ids) - 1], rtol=1e-4, atol=1e-4)

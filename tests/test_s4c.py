@@ -474,10 +474,10 @@ def test_fused_draft_step_equals_the_heads_forward(tiny):
         caches = [KVCache(32), KVCache(32)]
         for rows, past in ((5, 0), (4, 5)):  # 5 committed rows (a causal chain), then 4 draft rows as a tree
             parents = list(range(-1, rows - 1)) if past == 0 else [-1, 0, -1, 2]
-            mask = additive_mask(ancestor_mask(parents), past, torch.float32)
-            emb = torch.randn(1, rows, d, generator=g)
-            feat = torch.randn(1, rows, d * (len(heads.feature_layers) + 1), generator=g)
-            pos = torch.arange(past, past + rows).unsqueeze(0)
+            mask = additive_mask(ancestor_mask(parents), past, torch.float32).to(tiny.device)
+            emb = torch.randn(1, rows, d, generator=g).to(tiny.device)
+            feat = torch.randn(1, rows, d * (len(heads.feature_layers) + 1), generator=g).to(tiny.device)
+            pos = torch.arange(past, past + rows, device=tiny.device).unsqueeze(0)
             want = heads.head(h, emb, feat, pos, mask=mask, cache=caches[0])
             got = step.head(h, emb, feat, pos, mask, caches[1])
             torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)

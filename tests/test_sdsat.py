@@ -114,11 +114,12 @@ def test_training_forward_matches_inference_probes(tiny_llama):
     batch = build_probes(seq, p + 1, k, 1.0, None, k, 3)
     got = probe_logits(tiny_llama.model, ad, seq, batch, grad=False)[:k]
     tree = DraftTree(tokens=[3] * k, parents=[-1, 0, 1], probe=[True] * k)
-    buf = TreeBuffers.build(tree, p)
+    buf = TreeBuffers.build(tree, p, tiny_llama.device)
     cache = KVCache(capacity=32)
     drafter = SDSATDrafter(tiny_llama, ad, k=k)
     with torch.no_grad():
-        tiny_llama.decoder(input_ids=torch.tensor([seq[:p]]), past_key_values=cache, use_cache=True)
+        tiny_llama.decoder(input_ids=torch.tensor([seq[:p]], device=tiny_llama.device), past_key_values=cache,
+                           use_cache=True)
         with drafter.verify_context(tree, buf):
             h = tree_forward(tiny_llama, cache, [seq[p]] + tree.tokens, buf)
         want = tiny_llama.lm_head(h[1:])
@@ -138,7 +139,7 @@ def test_soft_targets_are_the_original_models_next_token_distributions(tiny_llam
     batch = build_probes(seq, 6, 4, 1.0, None, 40, 3)
     logits, soft = probe_logits_and_targets(tiny_llama.model, ad, seq, batch, grad=False, soft=True)
     with torch.no_grad():
-        full = tiny_llama.model(input_ids=torch.tensor([seq])).logits[0].float().softmax(-1)
+        full = tiny_llama.model(input_ids=torch.tensor([seq], device=tiny_llama.device)).logits[0].float().softmax(-1)
     pos, labels = batch[1], batch[2]
     torch.testing.assert_close(soft, full[pos], rtol=1e-4, atol=1e-6)
     assert torch.equal(torch.tensor(seq)[pos + 1], labels)  # each row's label is the token after its position
