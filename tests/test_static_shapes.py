@@ -335,3 +335,24 @@ def test_every_drafter_embedded(embedded, method):
                            same_trees=method in ("pld", "rest"))
         accepted += sum(e.accepted for e in events)
     assert accepted > 0, f"{method} drafted nothing that was accepted: the comparison proved little"
+
+
+def test_cost_curves_measure_the_steps_runs_take(tiny_llama, monkeypatch):
+    """Where runs verify through static steps (CUDA graphs on a GPU), the cost curve is timed through them too (a
+    launch-bound GPU's eager curve is flat where its graphed one is not): the same logits as the plain harness, the
+    steps back in the pool afterwards."""
+    from specdemo import budget
+
+    g = torch.Generator().manual_seed(4)
+    ids = torch.randint(100, 3000, (40,), generator=g).tolist()
+    tree = DraftTree.chain(ids[20:26])
+    plain = budget._steps_trial(tiny_llama, ids, 20, 8)
+    want, _ = plain(ids[19], tree)
+    monkeypatch.setenv("SPECDEMO_STATIC_SHAPES", "1")
+    idle_steps(tiny_llama).clear()
+    trial = budget._steps_trial(tiny_llama, ids, 20, 8)
+    got, seconds = trial(ids[19], tree)
+    again, _ = trial(ids[19], tree)  # the trial leaves the cache as it found it
+    trial(None, None)
+    assert seconds > 0 and torch.equal(got, again) and len(idle_steps(tiny_llama)) == 1
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
