@@ -219,7 +219,10 @@ def acquire_steps(target: Target, committed_max: int, max_nodes: int, buckets: S
 
 def release_steps(target: Target, steps: "StaticSteps") -> None:
     """Back to the pool, for the next request of the same shapes; beyond POOL_LIMIT idle entries the one released
-    longest ago goes (each holds a fixed-length cache: ~46 KB per slot on the embedded model)."""
+    longest ago goes (each holds a fixed-length cache: ~46 KB per slot on the embedded model).  Under ZeroGPU
+    nothing is kept: a worker attaches the GPU per call, and memory kept from one call may be gone in the next."""
+    if os.environ.get("SPACES_ZERO_GPU"):
+        return
     key = steps.pool_key if isinstance(steps, StaticSteps) else steps.steps.pool_key
     with target.lock:
         idle = idle_steps(target)

@@ -290,7 +290,7 @@ def test_small_buckets_one_token_prompt_and_stops(tiny_llama):
     assert max(e.tree_size for e in events) <= 6 and events[-1].finish_reason == "length"
 
 
-def test_pooled_steps_serve_later_requests_with_the_tokens_of_fresh_ones(tiny_llama):
+def test_pooled_steps_serve_later_requests_with_the_tokens_of_fresh_ones(tiny_llama, monkeypatch):
     """Runs take their static steps (cache, buffers, and on CUDA the captured graphs) from a pool on the target: a
     later request of similar size reuses them, reset, and decodes exactly what the plain engine decodes; a run the
     caller stops early gives them back too, and interleaved runs (a race) each hold their own."""
@@ -313,6 +313,9 @@ def test_pooled_steps_serve_later_requests_with_the_tokens_of_fresh_ones(tiny_ll
     assert len(pooled()) == 2
     for committed in range(0, 12 * CAPACITY_STEP, CAPACITY_STEP):  # twelve shapes released: the oldest go
         release_steps(tiny_llama, acquire_steps(tiny_llama, committed + 1, 8, (0, 8), ()))
+    assert len(pooled()) == POOL_LIMIT and pooled()[-1][0][0] == 12 * CAPACITY_STEP
+    monkeypatch.setenv("SPACES_ZERO_GPU", "true")  # ZeroGPU attaches the GPU per call: nothing is kept
+    release_steps(tiny_llama, acquire_steps(tiny_llama, 1, 8, (0, 4), ()))
     assert len(pooled()) == POOL_LIMIT and pooled()[-1][0][0] == 12 * CAPACITY_STEP
 
 
