@@ -16,7 +16,7 @@ tree size from the measured curve, or it ends up slower than AR.
 from __future__ import annotations
 
 import threading
-import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -25,7 +25,7 @@ import torch
 from specdemo.calibration import available as calibration_available
 from specdemo.calibration import load as load_calibration
 from specdemo.verify import prefilled_cache, trial_forward
-from specdemo.tree import DraftTree, TreeBuffers
+from specdemo.tree import DraftTree
 
 GPU_BUDGET = 64  # REST's paper budget; on a GPU a 64-node verification costs about a 1-token step
 DEFAULT_SIZES = (0, 1, 2, 4, 8, 16, 32)  # larger trees: extrapolated (cost_at); never worth it on CPU
@@ -106,49 +106,37 @@ def verify_cost_curve(target, sizes=DEFAULT_SIZES, repeats: int = 5, context: in
         vocab = min(int(target.model.config.vocab_size), 30000)
         ids = torch.randint(100, vocab, (context + max(sizes) + 1,), generator=g).tolist()
         times: dict[int, list[float]] = {s: [] for s in sizes}
-        with target.lock:
-            trial = _steps_trial(target, ids, context, max(sizes))
+        with target.lock, _trial_cache(target, ids[: context - 1], max(sizes)) as (cache, steps):
             for rep in range(repeats + 1):  # the first pass warms up kernels and is not counted
                 for s in sizes:
-                    _, seconds = trial(ids[context - 1], DraftTree.chain(ids[context : context + s]))
+                    tree = DraftTree.chain(ids[context : context + s])
+                    _, seconds = trial_forward(target, cache, ids[context - 1], tree, steps)
                     if rep:
                         times[s].append(seconds)
-            trial(None, None)
         curve = {s: min(v) for s, v in times.items()}
         curves[sizes] = curve
         return dict(curve)
 
 
-def _steps_trial(target, ids: list[int], context: int, max_nodes: int) -> Callable:
-    """trial(root, tree) -> (logits, seconds) of one verification after ids[:context - 1], the way this device's
-    decoding verifies: through the pooled static steps (CUDA graphs on a GPU) where runs take them, else the plain
-    forward (`verify.trial_forward`); a launch-bound GPU's eager curve is flat where its graphed one is not.
-    trial(None, None) gives pooled steps back."""
+@contextmanager
+def _trial_cache(target, context: list[int], max_nodes: int):
+    """(cache, steps) prefilled with `context` for `verify.trial_forward`, verifying the way this device's runs do:
+    through pooled static steps (CUDA graphs on a GPU) where runs take them, given back after, else the plain forward
+    (steps None).  A launch-bound GPU's eager curve is flat where its graphed one is not."""
     from specdemo import cuda_graphs, static_step
 
     if not static_step.wanted(None, target.device):
-        cache = prefilled_cache(target, ids[: context - 1], max_nodes + 2)
-        return lambda root, tree: trial_forward(target, cache, root, tree) if tree is not None else None
+        yield prefilled_cache(target, context, max_nodes + 2), None
+        return
     graphs = "" if cuda_graphs.wanted(None, target.device) else None
-    steps = static_step.acquire_steps(target, context + max_nodes + 1, max_nodes, static_step.configured_buckets(),
-                                      (), graphs)
-    target.decoder(input_ids=torch.tensor([ids[: context - 1]], device=target.device), past_key_values=steps.cache,
-                   use_cache=True)
-    past = context - 1
-
-    def trial(root, tree):
-        if tree is None:
-            return static_step.release_steps(target, steps)
-        buf = TreeBuffers.build(tree, past, target.device)
-        target.sync()
-        t0 = time.perf_counter()
-        logits = target.lm_head(steps.forward([root] + tree.tokens, buf, past)[: buf.n])
-        target.sync()
-        seconds = time.perf_counter() - t0
-        steps.cache.set_length(past)  # drop what this forward wrote
-        return logits, seconds
-
-    return trial
+    steps = static_step.acquire_steps(target, len(context) + max_nodes + 2, max_nodes,
+                                      static_step.configured_buckets(), (), graphs)
+    try:
+        target.decoder(input_ids=torch.tensor([context], device=target.device), past_key_values=steps.cache,
+                       use_cache=True)
+        yield steps.cache, steps
+    finally:
+        static_step.release_steps(target, steps)
 
 
 def measure_cost_curves(target) -> None:

@@ -73,6 +73,10 @@ class GraphedSteps:
         """A new request: the cache empties, the graphs stay (they read the same buffers)."""
         self.steps.reset()
 
+    @property
+    def pool_key(self) -> tuple:
+        return self.steps.pool_key
+
     def _capture(self, step: StepInputs) -> torch.cuda.CUDAGraph:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())

@@ -223,10 +223,9 @@ def release_steps(target: Target, steps: "StaticSteps") -> None:
     nothing is kept: a worker attaches the GPU per call, and memory kept from one call may be gone in the next."""
     if os.environ.get("SPACES_ZERO_GPU"):
         return
-    key = steps.pool_key if isinstance(steps, StaticSteps) else steps.steps.pool_key
     with target.lock:
         idle = idle_steps(target)
-        idle.append((key, steps))
+        idle.append((steps.pool_key, steps))
         del idle[: max(0, len(idle) - POOL_LIMIT)]
 
 

@@ -38,15 +38,19 @@ def prefilled_cache(target: Target, ids: list[int], room: int) -> KVCache:
     return cache
 
 
-def trial_forward(target: Target, cache: KVCache, root: int, tree: DraftTree) -> tuple[torch.Tensor, float]:
+def trial_forward(target: Target, cache: KVCache, root: int, tree: DraftTree,
+                  steps=None) -> tuple[torch.Tensor, float]:
     """One verification over [root] + `tree` that leaves `cache` as it found it: the logits (1 + len(tree), vocab) and
     the seconds of what a step pays for them, the forward and the LM head over every row (synchronised).  The harness
-    of cost measurements and model checks."""
+    of cost measurements and model checks.  `steps`: verify through these static steps (static_step.py, CUDA graphs
+    where they replay), whose cache `cache` is, as runs that take them do."""
     past = cache.get_seq_length()
     buf = TreeBuffers.build(tree, past, target.device)
+    ids = [root] + tree.tokens
     target.sync()
     t0 = time.perf_counter()
-    logits = target.lm_head(tree_forward(target, cache, [root] + tree.tokens, buf))
+    hidden = steps.forward(ids, buf, past)[: buf.n] if steps is not None else tree_forward(target, cache, ids, buf)
+    logits = target.lm_head(hidden)
     target.sync()
     seconds = time.perf_counter() - t0
     cache.keep(past, [])  # drop what this forward appended

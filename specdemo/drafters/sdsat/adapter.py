@@ -99,6 +99,9 @@ class SDSATAdapter(torch.nn.Module):
             self.lora_B[key] = torch.nn.Parameter(torch.zeros(mod.out_features, rank, dtype=ref.dtype))
         self.embedding = torch.nn.Parameter(ref.detach()[self.token_id].clone())
         self.to(ref.device)
+        # the probe rows `active_at` reads: one set per adapter, so every drafter over it writes the masks its
+        # captured CUDA graphs read
+        self.probe_rows = ProbeRows()
 
     # ------------------------------------------------------------------ hooks
     @contextmanager
@@ -152,11 +155,13 @@ class SDSATAdapter(torch.nn.Module):
                 h.remove()
 
     @contextmanager
-    def active_at(self, probes: "ProbeRows"):
-        """`active` for inference in a form a CUDA graph can replay: the hooks run on every row of the forward and
-        read which rows are probes from `probes`' static masks (written before each forward), so a graph captured
-        through them applies the adapter at each later step's rows, not the capture's.  A row that is not a probe
-        gets exactly its plain output (its own embedding; + 0 from a zeroed LoRA input)."""
+    def active_at(self, rows: list[int]):
+        """`active` for inference in a form a CUDA graph can replay: `rows` go into the static masks of
+        `self.probe_rows`, and the hooks run on every row of the forward and read the probe rows from those masks, so
+        a graph captured through them applies the adapter at each later step's rows, not the capture's.  A row that
+        is not a probe gets exactly its plain output (its own embedding; + 0 from a zeroed LoRA input)."""
+        probes = self.probe_rows
+        probes.set(rows)
         handles = []
 
         def emb_hook(mod, args, out):
@@ -166,29 +171,12 @@ class SDSATAdapter(torch.nn.Module):
         try:
             handles.append(self._base[0].register_forward_hook(emb_hook))
             for mods, a_cat, b_list in self._inference_groups():
-                for mod, hook in zip(mods, self._masked_group_hooks(a_cat, b_list, probes)):
+                for mod, hook in zip(mods, self._group_hooks(a_cat, b_list, slice(None), probes)):
                     handles += _register_output_hook(mod, hook)
             yield
         finally:
             for h in handles:
                 h.remove()
-
-    def _masked_group_hooks(self, a_cat: torch.Tensor, b_list: list[torch.Tensor], probes: "ProbeRows"):
-        """`_group_hooks` over every row, the LoRA-A product zeroed outside the probe rows."""
-        memo: list = [None, None]
-        r = self.rank
-
-        def make(i: int, b: torch.Tensor):
-            def hook(mod, args, out):
-                x = args[0]
-                if memo[0] is not x:
-                    _, weight = probes.masks(x.shape[1], x.device)
-                    memo[0], memo[1] = x, (x[0] @ a_cat) * weight.to(x.dtype)
-                out[0].addmm_(memo[1][:, i * r : (i + 1) * r], b)
-                return out
-            return hook
-
-        return [make(i, b) for i, b in enumerate(b_list)]
 
     def _inference_groups(self):
         """Modules that read the same input (q/k/v of one layer, gate/up of one layer, ...) with their LoRA-A
@@ -212,9 +200,11 @@ class SDSATAdapter(torch.nn.Module):
             self._groups, self._groups_version = built, version
         return self._groups
 
-    def _group_hooks(self, a_cat: torch.Tensor, b_list: list[torch.Tensor], run: slice):
+    def _group_hooks(self, a_cat: torch.Tensor, b_list: list[torch.Tensor], run: slice,
+                     probes: "ProbeRows | None" = None):
         """One forward hook per module of a group: the first computes x[run] @ A_cat for the shared input, the others
-        reuse it; each adds its own slice @ B to its output rows in place."""
+        reuse it; each adds its own slice @ B to its output rows in place.  With `probes` (`active_at`: run is every
+        row) the product is zeroed outside the probe rows, so the others get + 0."""
         memo: list = [None, None]  # (input tensor, its product)
         r = self.rank
 
@@ -223,6 +213,8 @@ class SDSATAdapter(torch.nn.Module):
                 x = args[0]
                 if memo[0] is not x:
                     memo[0], memo[1] = x, x[0, run] @ a_cat
+                    if probes is not None:
+                        memo[1] = memo[1] * probes.masks(x.shape[1], x.device)[1].to(x.dtype)
                 out[0, run].addmm_(memo[1][:, i * r : (i + 1) * r], b)
                 return out
             return hook

@@ -31,7 +31,6 @@ from specdemo.drafters.pld import lookup_with_ngram_length
 from specdemo.drafters.sdsat.adapter import (
     CONFIG_FILE,
     AdapterError,
-    ProbeRows,
     default_artifact_dir,
     load_adapter,
     mismatch,
@@ -71,12 +70,7 @@ class SDSATDrafter(Drafter):
         # probability (budget.best_size); a probe chain rides along with the node it hangs under
         self.dynamic, self.calibration_path = bool(dynamic), calibration
         self.calibrator, self.rel_cost = None, None
-        # the graph-safe hooks (every row, probe rows from masks) on CUDA; the masks live with the adapter, so every
-        # drafter over it writes the buffers its captured graphs read
-        self.masked_rows = target.device.type == "cuda"
-        if not hasattr(adapter, "probe_rows"):
-            adapter.probe_rows = ProbeRows()
-        self.probe_rows = adapter.probe_rows
+        self.masked_rows = target.device.type == "cuda"  # the graph-safe hooks (every row, probe rows from masks)
         self.reset_stats()
         self._pending: list[list[int]] | None = None
         self._pending_p: list[list[float]] | None = None  # the probes' probabilities of those candidates
@@ -167,8 +161,7 @@ class SDSATDrafter(Drafter):
     def verify_context(self, tree: DraftTree, buffers: TreeBuffers):
         rows = [i + 1 for i in range(len(tree)) if tree.is_probe(i)]
         if self.masked_rows:
-            self.probe_rows.set(rows)
-            with self.adapter.active_at(self.probe_rows):
+            with self.adapter.active_at(rows):
                 yield
             return
         if not rows:
