@@ -319,6 +319,28 @@ def test_bad_inputs_give_clear_errors(tiny_llama):
 
 
 # ---------------------------------------------------------------- prompt lookup's cost-aware policy
+def test_prompt_lookup_finds_what_a_brute_force_scan_finds():
+    """The latest earlier occurrence of the longest suffix n-gram (max_ngram down to min_ngram), as a plain scan over
+    every start finds it, on random contexts with many repeats."""
+    import random
+
+    from specdemo.drafters.pld import lookup_with_ngram_length
+
+    def scan(tokens, num_tokens, max_ngram, min_ngram):
+        for n in range(min(max_ngram, len(tokens) - 1), min_ngram - 1, -1):
+            for start in range(len(tokens) - 1 - n, -1, -1):
+                if tokens[start : start + n] == tokens[-n:]:
+                    return n, tokens[start + n : start + n + num_tokens]
+        return 0, []
+
+    rng = random.Random(5)
+    for case in range(600):
+        tokens = [rng.randrange(rng.choice([2, 4, 30])) for _ in range(rng.randrange(0, 60))]
+        args = (rng.randrange(1, 12), rng.randrange(1, 6))
+        args += (rng.randrange(1, args[1] + 1),)
+        assert lookup_with_ngram_length(tokens, *args) == scan(tokens, *args), (tokens, args)
+
+
 def test_pld_shadow_scoring_and_length_choice():
     """Every lookup is scored against what gets committed, sent or not; the draft length follows p and the cost curve."""
     from types import SimpleNamespace

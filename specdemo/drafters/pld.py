@@ -121,15 +121,16 @@ def lookup_with_ngram_length(tokens: list[int], num_tokens: int, max_ngram: int 
     """(length of the matched n-gram, continuation) of the latest earlier occurrence of the longest matching suffix
     n-gram; (0, []) when none matches.  The length is what grafting drafters score the continuation by."""
     seq = np.asarray(tokens, dtype=np.int64)
-    n_tok = len(seq)
-    for n in range(min(max_ngram, n_tok - 1), min_ngram - 1, -1):
-        suffix = seq[-n:]
-        windows = np.lib.stride_tricks.sliding_window_view(seq[:-1], n)  # starts 0 .. n_tok-1-n
-        hits = np.flatnonzero((windows == suffix).all(axis=1))
-        for start in hits[::-1]:  # latest first; skip matches with nothing after them
-            cont = seq[start + n : start + n + num_tokens]
-            if len(cont):
-                return n, cont.tolist()
+    # every earlier match ends where the last token occurs before the end; longer n-grams only filter those ends
+    # (a comparison per candidate and length, not a window over the whole context per length: drafters call this
+    # every step on contexts of thousands of tokens)
+    ends = np.flatnonzero(seq[:-1] == seq[-1]) if len(seq) > 1 else seq[:0]
+    for n in range(min(max_ngram, len(seq) - 1), max(min_ngram, 1) - 1, -1):
+        hits = ends[ends >= n - 1]
+        for back in range(1, n):
+            hits = hits[seq[hits - back] == seq[-1 - back]]
+        if len(hits):  # the latest wins; something always follows it, since it ends before the last token
+            return n, seq[hits[-1] + 1 : hits[-1] + 1 + num_tokens].tolist()
     return 0, []
 
 

@@ -142,19 +142,17 @@ class S4CDrafter(Drafter):
         k = h + 1
         heads, t = self.heads, self.target
         lo, hi = self.cached_until[h], n - k  # committed positions lo .. hi (inclusive)
-        rows_tok, rows_feat, rows_pos = [], [], []
-        for p in range(lo, hi + 1):
-            rows_tok.append(tokens[p + k])
-            rows_feat.append(self.features[p] if h == 0 else self.head_outputs[h - 1][p])
-            rows_pos.append(p)
-        c = len(rows_tok)
+        c = max(0, hi - lo + 1)
+        # the committed rows are slices (token at p + k, feature at p); each branch's rows follow them
+        rows_tok = list(tokens[lo + k : hi + k + 1])
+        rows_feat = [(self.features if h == 0 else self.head_outputs[h - 1])[lo : lo + c]]
+        rows_pos = list(range(lo, lo + c))
         spans = []
         for btoks, bfeats in branches:
             start = len(rows_tok)
-            for j, (tok, feat) in enumerate(zip(btoks, bfeats)):
-                rows_tok.append(tok)
-                rows_feat.append(feat)
-                rows_pos.append(n - k + 1 + j)
+            rows_tok += btoks
+            rows_feat.append(torch.stack(bfeats))
+            rows_pos += range(n - k + 1, n - k + 1 + len(btoks))
             spans.append((start, len(rows_tok)))
         if not rows_tok:
             return [], [[] for _ in branches]
@@ -167,7 +165,7 @@ class S4CDrafter(Drafter):
         mask = additive_mask(ancestor_mask(parents).to(t.device), past, t.dtype)
         ids = torch.tensor([rows_tok], device=t.device)
         emb = heads.embed(ids).to(t.dtype)
-        feat = torch.stack(rows_feat).unsqueeze(0)
+        feat = torch.cat(rows_feat).unsqueeze(0)
         pos = torch.tensor([rows_pos], device=t.device)
         out = self.head_forward(h, emb, feat, pos, mask, cache)[0]
         cache.keep(past + c, [])  # drop the draft rows, keep the committed ones
