@@ -131,6 +131,27 @@ def test_tree_invariants(tiny_llama, kind):
     assert len(dr.tally.conditional()) == 3
 
 
+def test_draft_vocabulary_maps_to_target_ids_and_bounds_the_proposals(tiny_llama):
+    """The heads score a draft vocabulary (a subset of the target's ids) plus the request's own tokens: every score
+    row is the target's LM-head row of that id, and every head node proposes one of those ids, never an index into the
+    draft vocabulary or an id outside it."""
+    t = tiny_llama
+    torch.manual_seed(0)
+    heads = S4CHeads(t, 3, 96, torch.arange(2000, 2600)).eval().requires_grad_(False)  # ids far above the prompt's
+    dr = S4CDrafter(t, heads, tree="s4c", budget=12, topk=3)
+    prompt = t.encode_prompt(PROMPT)
+    ref, _ = run_to_end(t, prompt, None, GenerationConfig(max_new_tokens=12))
+    out, events = run_to_end(t, prompt, dr, GenerationConfig(max_new_tokens=12))
+    assert out == ref
+    allowed = set(range(2000, 2600)) | set(prompt) | set(out)
+    assert set(dr.vocab.tolist()) <= allowed and dr.vocab.max() < t.lm_head.weight.shape[0]
+    torch.testing.assert_close(dr.heads.lm_weight(dr.vocab), t.lm_head.weight[dr.vocab])
+    proposed = [tok for e in events if e.tree is not None for tok, src in zip(e.tree.tokens, e.tree.sources or [])
+                if src.startswith("head")]
+    assert proposed and set(proposed) <= allowed
+    assert any(tok >= 2000 for tok in proposed)  # the draft vocabulary's ids themselves, not their indices 0..599
+
+
 def test_losslessness_tiny(tiny):
     heads = _heads(tiny, 2)
     prompt = tiny.encode_prompt(PROMPT)
