@@ -5,14 +5,18 @@ also the harness of the cost measurements (budget.py, scripts/)."""
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
 from specdemo.kvcache import KVCache
 from specdemo.precision import rows_invariant
-from specdemo.static_step import static_trial
+from specdemo.static_step import StaticSteps, static_trial
 from specdemo.target import Target, UnsupportedForTree, decoder_features
 from specdemo.tree import DraftTree, TreeBuffers
+
+if TYPE_CHECKING:
+    from specdemo.cuda_graphs import GraphedSteps
 
 
 def tree_forward(target: Target, cache: KVCache, ids: list[int], buf: TreeBuffers,
@@ -39,7 +43,7 @@ def prefilled_cache(target: Target, ids: list[int], room: int) -> KVCache:
 
 
 def trial_forward(target: Target, cache: KVCache, root: int, tree: DraftTree,
-                  steps=None) -> tuple[torch.Tensor, float]:
+                  steps: "StaticSteps | GraphedSteps | None" = None) -> tuple[torch.Tensor, float]:
     """One verification over [root] + `tree` that leaves `cache` as it found it: the logits (1 + len(tree), vocab) and
     the seconds of what a step pays for them, the forward and the LM head over every row (synchronised).  The harness
     of cost measurements and model checks.  `steps`: verify through these static steps (static_step.py, CUDA graphs
