@@ -14,6 +14,8 @@ NAME, with the SDPA mask format; the model's code is not touched.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -55,26 +57,16 @@ def use_grouped_kv_attention(model: torch.nn.Module) -> bool:
 ROW_EXACT = "sdpa_row_exact"
 
 
-def _row_plan(mask: torch.Tensor, past: int) -> list[tuple[int, torch.Tensor | None, torch.Tensor | None]]:
-    """Per tree row: (how many tree slots it sees, the slots to write before its call, the tree entries to write
-    there), read from the mask once per forward and kept on it (every layer gets the same mask tensor).
+@dataclass
+class TreePath:
+    """Rows of a tree forward that share one layout of the cache: once the entries `src` are moved to the slots `dst`
+    (tree-relative), each row's ancestors and itself lie right after the context; row `rows[i]` sees the first
+    `seen[i]` tree slots."""
 
-    A row sees its ancestors and itself, which must lie right after the context for its call.  Rows run in order and
-    each moves into place only the entries that differ from what the rows before it left there, so a tree's main chain
-    moves nothing and a side branch moves only its own part.  A last item (-1, slots, entries) restores the tree."""
-    plan = getattr(mask, "_plan", None)
-    if plan is None:
-        seen = [[j for j, ok in enumerate(row) if ok] for row in (mask[0, 0, :, past:] == 0).tolist()]
-        layout = list(range(len(seen)))  # which tree entry sits at each slot now
-        plan = []
-        for slots in seen:
-            moves = [(m, s) for m, s in enumerate(slots) if layout[m] != s]
-            for m, s in moves:
-                layout[m] = s
-            plan.append((len(slots), *_index_pair(moves)))
-        plan.append((-1, *_index_pair([(m, m) for m, s in enumerate(layout) if s != m])))
-        mask._plan = plan
-    return plan
+    rows: list[int]
+    seen: list[int]
+    dst: torch.Tensor | None
+    src: torch.Tensor | None
 
 
 def _index_pair(moves: list[tuple[int, int]]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -85,6 +77,38 @@ def _index_pair(moves: list[tuple[int, int]]) -> tuple[torch.Tensor | None, torc
     return torch.tensor(dst), torch.tensor(src)
 
 
+def _tree_plan(mask: torch.Tensor, past: int) -> tuple[list[TreePath], tuple]:
+    """The paths of a tree forward, read from the mask once and kept on it (every layer gets the same mask tensor),
+    and the moves that put the tree's entries back after them.
+
+    A row sees its ancestors and itself, which must lie right after the context.  Leaves are taken depth first;
+    each leaf's path has its entries that are not in place yet moved there, and its rows not computed yet reuse that
+    layout.  So a chain moves nothing, and every other path moves once for all its rows."""
+    plan = getattr(mask, "_paths", None)
+    if plan is not None:
+        return plan
+    seen = [[j for j, ok in enumerate(row) if ok] for row in (mask[0, 0, :, past:] == 0).tolist()]
+    children: dict[int, list[int]] = {}
+    for i, path in enumerate(seen):
+        children.setdefault(path[-2] if len(path) > 1 else -1, []).append(i)
+    order, stack = [], children[-1][::-1]
+    while stack:
+        i = stack.pop()
+        order.append(i)
+        stack += children.get(i, [])[::-1]
+    layout = list(range(len(seen)))  # which tree entry sits at each slot now
+    done, paths = set(), []
+    for leaf in (i for i in order if i not in children):
+        moves = [(m, s) for m, s in enumerate(seen[leaf]) if layout[m] != s]
+        for m, s in moves:
+            layout[m] = s
+        rows = [r for r in seen[leaf] if r not in done]
+        done.update(rows)
+        paths.append(TreePath(rows, [len(seen[r]) for r in rows], *_index_pair(moves)))
+    mask._paths = plan = (paths, _index_pair([(m, m) for m, s in enumerate(layout) if s != m]))
+    return plan
+
+
 def row_exact_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                    attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                    is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
@@ -93,10 +117,10 @@ def row_exact_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     Why: at bf16 and int4 precision every linear rounds its input to bf16, so the last-bit differences between a
     masked multi-row attention and a one-token one (the kernel blocks and sums the keys differently) grow into changes
     that flip near-ties, and the drafted output parts from plain decoding.  Here every verification row makes the
-    very call a one-token step makes: one query, no mask, over the contiguous keys of its own context.  A row whose
-    ancestors are not the slots right after the committed ones (a tree's side branch) has them moved there for its
-    call (`_row_plan`: only what differs from the row before), and the tree's own entries are put back afterwards.
-    Rows cost one kernel call each, so trees pay more."""
+    very call a one-token step makes: one query, no mask, over the contiguous keys of its own context.  The rows of a
+    root-to-leaf path share one layout of the cache (`_tree_plan`: a side branch's entries moved right after the
+    context once per path), and the tree's own entries are put back afterwards.  Rows cost one kernel call each, so
+    trees pay more than with one masked call (tests/test_cpu_attention.py checks the bits)."""
     n, total = query.shape[2], key.shape[2]
     past = total - n
     if query.device.type != "cpu" or past <= 0 or (attention_mask is None and n > 1) or kwargs.get("cache") is not None:
@@ -104,20 +128,18 @@ def row_exact_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
                                is_causal=is_causal, **kwargs)
     if attention_mask is None:  # a one-token step: the call every tree row repeats
         out = F.scaled_dot_product_attention(query, key, value, scale=scaling, enable_gqa=True)
-        return out.transpose(1, 2).contiguous(), None
-    plan = _row_plan(attention_mask, past)
-    moved = any(dst is not None for _, dst, _ in plan)
-    if moved:  # the tree's own entries, the source of every move
+        return out.transpose(1, 2), None
+    paths, (dst, src) = _tree_plan(attention_mask, past)
+    if any(p.dst is not None for p in paths):  # the tree's own entries, the source of every move
         tree_k, tree_v = key[:, :, past:].clone(), value[:, :, past:].clone()
     out = torch.empty(query.shape[0], n, query.shape[1], value.shape[-1], dtype=query.dtype, device=query.device)
-    for i, (seen, dst, src) in enumerate(plan[:-1]):
-        if dst is not None:
-            key[:, :, past + dst], value[:, :, past + dst] = tree_k[:, :, src], tree_v[:, :, src]
-        end = past + seen
-        row = F.scaled_dot_product_attention(query[:, :, i : i + 1].contiguous(), key[:, :, :end], value[:, :, :end],
-                                             scale=scaling, enable_gqa=True)
-        out[:, i] = row[:, :, 0]
-    _, dst, src = plan[-1]
+    for p in paths:
+        if p.dst is not None:
+            key[:, :, past + p.dst], value[:, :, past + p.dst] = tree_k[:, :, p.src], tree_v[:, :, p.src]
+        for i, seen in zip(p.rows, p.seen):
+            row = F.scaled_dot_product_attention(query[:, :, i : i + 1], key[:, :, : past + seen],
+                                                 value[:, :, : past + seen], scale=scaling, enable_gqa=True)
+            out[:, i] = row[:, :, 0]
     if dst is not None:
         key[:, :, past + dst], value[:, :, past + dst] = tree_k[:, :, src], tree_v[:, :, src]
     return out, None
