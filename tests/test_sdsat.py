@@ -226,16 +226,26 @@ def test_train_cli_checkpoint_resume_and_artifact(tiny_llama, tmp_path):
     assert any("initialised from" in m for m in logs)
     ad2, _ = load_adapter(tmp_path / "warm", t)
     assert all(torch.equal(a, b) for a, b in zip(ad.state_dict().values(), ad2.state_dict().values()))
-    # ... or from a subset of its targets (fewer LoRA modules = cheaper probe rows); a target it lacks is refused
+    # ... or from a subset of its targets (fewer LoRA modules = cheaper probe rows); a target it lacks starts fresh
     sub = TrainConfig(**{**warm.__dict__, "out": str(tmp_path / "sub"), "targets": ["gate_proj", "up_proj"]})
     train(sub, log=logs.append)
     ad3, meta3 = load_adapter(tmp_path / "sub", t)
     assert meta3["targets"] == ["gate_proj", "up_proj"] and len(ad3._mods) == 2 * t.model.config.num_hidden_layers
     full = ad.state_dict()
     assert all(torch.equal(v, full[k]) for k, v in ad3.state_dict().items())
-    with pytest.raises(ValueError, match="lacks some of the targets"):
-        train(TrainConfig(**{**sub.__dict__, "out": str(tmp_path / "bad"), "init": str(tmp_path / "sub"),
-                             "targets": ["q_proj", "gate_proj"]}), log=logs.append)
+    grown = TrainConfig(**{**sub.__dict__, "out": str(tmp_path / "grown"), "init": str(tmp_path / "sub"),
+                           "targets": ["q_proj", "gate_proj"]})
+    train(grown, log=logs.append)
+    assert any("q_proj start fresh" in m for m in logs)
+    ad4, _ = load_adapter(tmp_path / "grown", t)
+    sub_state = ad3.state_dict()
+    for k, v in ad4.state_dict().items():
+        if "q_proj" in k and "lora_B" in k:
+            assert not v.any()  # a fresh B: the grown adapter predicts what the one it started from predicts
+        elif k in sub_state:
+            assert torch.equal(v, sub_state[k])
+    with pytest.raises(ValueError, match="differ from this run's"):
+        train(TrainConfig(**{**grown.__dict__, "out": str(tmp_path / "bad"), "rank": 4}), log=logs.append)
 
 
 # ---------------------------------------------------------------- artifact round trip and refusal

@@ -110,19 +110,22 @@ class TrainConfig:
 
 
 def _make_adapter(cfg: TrainConfig, target, resuming: bool, log) -> SDSATAdapter:
-    """A fresh LoRA, or (--init, when not resuming) the given adapter's weights for this run's targets."""
+    """A fresh LoRA, or (--init, when not resuming) the given adapter's weights for this run's targets; a target the
+    adapter lacks starts as a fresh LoRA, whose zero B leaves the start's predictions as they were."""
     adapter = SDSATAdapter(target.model, cfg.rank, cfg.alpha, cfg.targets, default_token_id(target.tokenizer),
                            init_seed=cfg.seed)
     if cfg.init and not resuming:
         start, _ = load_adapter(cfg.init, target)
-        if (start.rank, start.alpha, start.token_id) != (adapter.rank, adapter.alpha, adapter.token_id) \
-                or not set(adapter.targets) <= set(start.targets):
-            raise ValueError(f"--init {cfg.init}: rank/alpha/token differ from this run's settings, or it lacks some "
-                             f"of the targets {list(adapter.targets)} (it has {list(start.targets)})")
+        if (start.rank, start.alpha, start.token_id) != (adapter.rank, adapter.alpha, adapter.token_id):
+            raise ValueError(f"--init {cfg.init}: its rank/alpha/token ({start.rank}/{start.alpha}/{start.token_id}) "
+                             f"differ from this run's ({adapter.rank}/{adapter.alpha}/{adapter.token_id})")
         own = adapter.state_dict()
-        adapter.load_state_dict({k: v for k, v in start.state_dict().items() if k in own})
-        log(f"initialised from the adapter in {cfg.init}" + (f" (its {', '.join(adapter.targets)} LoRA only)"
-                                                             if adapter.targets != start.targets else ""))
+        adapter.load_state_dict({k: v for k, v in start.state_dict().items() if k in own}, strict=False)
+        shared = [t for t in adapter.targets if t in start.targets]
+        fresh = [t for t in adapter.targets if t not in start.targets]
+        log(f"initialised from the adapter in {cfg.init}" + (f" (its {', '.join(shared)} LoRA)"
+                                                             if shared != list(start.targets) else "")
+            + (f"; {', '.join(fresh)} start fresh" if fresh else ""))
     return adapter
 
 
