@@ -8,6 +8,7 @@ import torch
 
 from specdemo.cpu_attention import row_exact_sdpa
 from specdemo.kvcache import KVCache
+from specdemo.tree import additive_mask, ancestor_mask, path_to
 
 
 class _Heads(torch.nn.Module):
@@ -15,23 +16,8 @@ class _Heads(torch.nn.Module):
 
 
 def _tree_mask(parents: list[int], past: int) -> torch.Tensor:
-    n = len(parents)
-    mask = torch.full((n, past + n), float("-inf"))
-    mask[:, :past] = 0
-    for i in range(n):
-        j = i
-        while j >= 0:
-            mask[i, past + j] = 0
-            j = parents[j]
-    return mask[None, None]
-
-
-def _path(parents: list[int], i: int) -> list[int]:
-    path = []
-    while i >= 0:
-        path.append(i)
-        i = parents[i]
-    return path[::-1]
+    """The engine's mask for rows whose parents are `parents` (row 0 the root), after `past` cached positions."""
+    return additive_mask(ancestor_mask(parents), past, torch.float32)
 
 
 def _cached(keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,7 +43,7 @@ def test_every_tree_row_equals_a_one_token_step_bit_for_bit(seed):
         tree, _ = row_exact_sdpa(_Heads(), q, k, v, _tree_mask(parents, past), scaling=0.125)
         assert torch.equal(k, keys) and torch.equal(v, values)  # the tree's entries are back where they were
         for i in range(n):
-            idx = torch.tensor(list(range(past)) + [past + j for j in _path(parents, i)])
+            idx = torch.tensor(list(range(past)) + [past + j for j in path_to(parents, i)])
             k1, v1 = _cached(keys[:, :, idx], values[:, :, idx])
             one, _ = row_exact_sdpa(_Heads(), q[:, :, i : i + 1], k1, v1, None, scaling=0.125)
             assert torch.equal(one[0, 0], tree[0, i]), (past, parents, i)
