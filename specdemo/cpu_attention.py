@@ -77,7 +77,8 @@ def _index_pair(moves: list[tuple[int, int]]) -> tuple[torch.Tensor | None, torc
     return torch.tensor(dst), torch.tensor(src)
 
 
-def _tree_plan(mask: torch.Tensor, past: int) -> tuple[list[TreePath], tuple]:
+def _tree_plan(mask: torch.Tensor, past: int
+               ) -> tuple[list[TreePath], tuple[torch.Tensor | None, torch.Tensor | None]]:
     """The paths of a tree forward, read from the mask once and kept on it (every layer gets the same mask tensor),
     and the moves that put the tree's entries back after them.
 

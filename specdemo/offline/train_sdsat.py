@@ -119,8 +119,8 @@ def _make_adapter(cfg: TrainConfig, target, resuming: bool, log) -> SDSATAdapter
         if (start.rank, start.alpha, start.token_id) != (adapter.rank, adapter.alpha, adapter.token_id):
             raise ValueError(f"--init {cfg.init}: its rank/alpha/token ({start.rank}/{start.alpha}/{start.token_id}) "
                              f"differ from this run's ({adapter.rank}/{adapter.alpha}/{adapter.token_id})")
-        own = adapter.state_dict()
-        adapter.load_state_dict({k: v for k, v in start.state_dict().items() if k in own}, strict=False)
+        own = adapter.state_dict()  # a target the start lacks keeps its fresh entries; every key is still checked
+        adapter.load_state_dict({**own, **{k: v for k, v in start.state_dict().items() if k in own}})
         shared = [t for t in adapter.targets if t in start.targets]
         fresh = [t for t in adapter.targets if t not in start.targets]
         log(f"initialised from the adapter in {cfg.init}" + (f" (its {', '.join(shared)} LoRA)"
