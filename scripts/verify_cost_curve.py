@@ -6,7 +6,9 @@ step): the curve behind the tree sizes per device (docs/s4c.md, "Why 11 nodes on
 
 `--random` builds a Llama-style model of that shape from its config alone, weights drawn at random on the device (no
 download): cost depends on the shapes, not the weights, so a GPU's curve for a 1B or 8B target can be read without
-the checkpoint.  Sizes are interleaved across repeats and the minimum is kept (a busy spell only ever adds time).
+the checkpoint.  Verifications run the way runs on the device run them (static steps replayed as CUDA graphs on a GPU,
+the plain forward on a CPU).  Sizes are interleaved across repeats and the minimum is kept (a busy spell only ever adds
+time).
 Prints one JSON line: {"model", "device", "dtype", "ms": {n: ms}, "relative": {n: cost / cost at 0}}.
 """
 from __future__ import annotations
@@ -17,9 +19,10 @@ import time
 
 import torch
 
+from specdemo.budget import trial_cache
 from specdemo.target import Target, load_target
 from specdemo.tree import DraftTree
-from specdemo.verify import prefilled_cache, trial_forward
+from specdemo.verify import trial_forward
 
 # Llama-3.2-1B's and Llama-3.1-8B's shapes; "tiny" keeps the script testable on a CPU
 RANDOM_SHAPES = {
@@ -58,19 +61,29 @@ def cost_curve(t: Target, sizes: list[int], repeats: int, context: int) -> dict[
     g = torch.Generator().manual_seed(0)
     vocab = min(t.model.config.vocab_size, 30000)
     ids = torch.randint(100 % vocab, vocab, (context + max(sizes) + 1,), generator=g).tolist()
-    cache = prefilled_cache(t, ids[: context - 1], max(sizes) + 8)
     times: dict[int, list[float]] = {n: [] for n in sizes}
-    for rep in range(repeats + 1):  # the first pass warms up and is not counted
-        for n in sizes:
-            # two chains plus siblings, the shape of the trained drafters' trees
-            tree = DraftTree(ids[context : context + n], [-1 if i < 2 else i - 2 for i in range(n)])
-            t0 = time.perf_counter()
-            logits, _ = trial_forward(t, cache, ids[context - 1], tree)
-            logits.argmax(-1).tolist()
-            t.sync()
-            if rep:
-                times[n].append(1e3 * (time.perf_counter() - t0))
+    # verified the way this device's runs verify: static steps replayed as CUDA graphs on a GPU, else the plain path
+    with t.lock, trial_cache(t, ids[: context - 1], max(sizes)) as (cache, steps):
+        for rep in range(repeats + 1):  # the first pass warms up (and captures the graphs) and is not counted
+            for n in sizes:
+                # two chains plus siblings, the shape of the trained drafters' trees
+                tree = DraftTree(ids[context : context + n], [-1 if i < 2 else i - 2 for i in range(n)])
+                t0 = time.perf_counter()
+                logits, _ = trial_forward(t, cache, ids[context - 1], tree, steps)
+                logits.argmax(-1).tolist()
+                t.sync()
+                if rep:
+                    times[n].append(1e3 * (time.perf_counter() - t0))
     return {n: min(v) for n, v in times.items()}
+
+
+def steps_kind(t: Target) -> str:
+    """How the curve's verifications ran: "cuda graphs", "static" (padded buckets, eager) or "plain"."""
+    from specdemo import cuda_graphs, static_step
+
+    if not static_step.wanted(None, t.device):
+        return "plain"
+    return "cuda graphs" if cuda_graphs.wanted(None, t.device) else "static"
 
 
 def main(argv=None) -> int:
@@ -90,7 +103,7 @@ def main(argv=None) -> int:
         t = load_target(args.model, args.device, args.dtype)
     ms = cost_curve(t, parse_sizes(args.sizes), args.repeats, args.context)
     print(json.dumps({"model": t.name, "device": torch.cuda.get_device_name(t.device) if t.device.type == "cuda"
-                      else "cpu", "dtype": str(t.dtype).removeprefix("torch."),
+                      else "cpu", "dtype": str(t.dtype).removeprefix("torch."), "steps": steps_kind(t),
                       "ms": {n: round(v, 3) for n, v in ms.items()},
                       "relative": {n: round(v / ms[0], 3) for n, v in ms.items()}}))
     return 0

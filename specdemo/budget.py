@@ -106,7 +106,7 @@ def verify_cost_curve(target, sizes=DEFAULT_SIZES, repeats: int = 5, context: in
         vocab = min(int(target.model.config.vocab_size), 30000)
         ids = torch.randint(100, vocab, (context + max(sizes) + 1,), generator=g).tolist()
         times: dict[int, list[float]] = {s: [] for s in sizes}
-        with target.lock, _trial_cache(target, ids[: context - 1], max(sizes)) as (cache, steps):
+        with target.lock, trial_cache(target, ids[: context - 1], max(sizes)) as (cache, steps):
             for rep in range(repeats + 1):  # the first pass warms up kernels and is not counted
                 for s in sizes:
                     tree = DraftTree.chain(ids[context : context + s])
@@ -119,7 +119,7 @@ def verify_cost_curve(target, sizes=DEFAULT_SIZES, repeats: int = 5, context: in
 
 
 @contextmanager
-def _trial_cache(target, context: list[int], max_nodes: int):
+def trial_cache(target, context: list[int], max_nodes: int):
     """(cache, steps) prefilled with `context` for `verify.trial_forward`, verifying the way this device's runs do:
     through pooled static steps (CUDA graphs on a GPU) where runs take them, given back after, else the plain forward
     (steps None).  A launch-bound GPU's eager curve is flat where its graphed one is not."""

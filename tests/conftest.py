@@ -59,6 +59,13 @@ def tiny_llama(tmp_path_factory):
     return _tiny("llama", tmp_path_factory)
 
 
+def cpu_processes_env() -> dict[str, str]:
+    """The environment of the tests' `accelerate launch`: CPU processes (gloo) even on a host with a GPU, where
+    --multi_gpu would give each process a GPU of its own (and process 1 one that a one-GPU host lacks).  The tests'
+    one-process reference runs pass --device cpu, so both sides compute on the same device."""
+    return dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+
+
 class OracleDrafter(Drafter):
     """Knows the reference output; proposes trees where the true continuation hides among wrong branches.
 

@@ -172,7 +172,7 @@ def test_greedy_lossless_embedded_all_drafters(embedded):
         out, _ = run_to_end(embedded, ids, OracleDrafter(ref, embedded.vocab_size), cfg)
         assert out == ref
     # and the AR baseline equals transformers' own greedy generate
-    hf = embedded.model.generate(torch.tensor([ids]), max_new_tokens=48, do_sample=False,
+    hf = embedded.model.generate(torch.tensor([ids], device=embedded.device), max_new_tokens=48, do_sample=False,
                                  eos_token_id=sorted(embedded.eos_ids), pad_token_id=sorted(embedded.eos_ids)[0])
     assert hf[0, len(ids):].tolist() == ref
 

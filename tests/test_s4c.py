@@ -9,6 +9,7 @@ import types
 import pytest
 import torch
 
+from conftest import cpu_processes_env
 from specdemo.drafters import DrafterUnavailable, make_drafter, unavailable_reason
 from specdemo.drafters.s4c.drafter import S4CDrafter
 from specdemo.drafters.s4c.heads import (
@@ -380,7 +381,7 @@ def _train_args(model: str, data, out, fc) -> list[str]:
     return ["train", "s4c", "--model", model, "--data", str(data), "--out", str(out), "--intermediate-size", "64",
             "--draft-vocab", "512", "--steps", "2", "--batch-size", "5", "--lr", "3e-3", "--warmup", "2",
             "--max-prompt", "16", "--max-len", "64", "--heldout-max", "0", "--log-every", "2", "--ckpt-every", "100",
-            "--feature-cache", str(fc), "--feature-part-records", "4"]
+            "--feature-cache", str(fc), "--feature-part-records", "4", "--device", "cpu"]
 
 
 @pytest.mark.slow
@@ -410,8 +411,8 @@ def test_accelerate_launch_with_two_processes_trains_the_heads_one_process_train
             f.write(json.dumps({"id": f"r{i}", "prompt_ids": ids[:5], "answer_ids": ids[5:]}) + "\n")
     model = str(tiny_llama.model.name_or_path)
     assert cli.main(_train_args(model, data, tmp_path / "one", tmp_path / "fc")) == 0
-    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-    # --multi_gpu: accelerate's torchrun launcher, CPU processes (gloo) on a host without CUDA
+    env = cpu_processes_env()
+    # --multi_gpu: accelerate's torchrun launcher, CPU processes (gloo) with CUDA hidden
     done = subprocess.run([launcher, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
                            "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29519",
                            "-m", "specdemo", *_train_args(model, data, tmp_path / "two", tmp_path / "fc2")],

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from conftest import cpu_processes_env
 from specdemo import cli
 from specdemo.offline import corpus, shards
 
@@ -23,7 +24,7 @@ def _prompts(tmp_path, n: int = 7):
 
 def _distill(model: str, prompts, out, *extra: str) -> list[str]:
     return ["distill", "--model", model, "--prompts", str(prompts), "--out", f"{out}/", "--shard-prompts", "3",
-            "--max-new-tokens", "4", "--batch-size", "2", *extra]
+            "--max-new-tokens", "4", "--batch-size", "2", "--device", "cpu", *extra]
 
 
 def test_shards_are_shared_out_without_overlap():
@@ -74,8 +75,8 @@ def test_accelerate_launch_with_two_processes_writes_the_same_shards(tmp_path, t
     model, prompts = str(tiny_llama.model.name_or_path), _prompts(tmp_path)
     assert cli.main(_distill(model, prompts, tmp_path / "one")) == 0
     launcher = os.path.join(os.path.dirname(sys.executable), "accelerate")
-    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-    # --multi_gpu is accelerate's torchrun launcher; on a host without CUDA its processes run on the CPU (gloo).
+    env = cpu_processes_env()
+    # --multi_gpu is accelerate's torchrun launcher; with CUDA hidden its processes run on the CPU (gloo).
     # (`--cpu --num_processes 2` would start ONE process: accelerate's simple launcher.)
     done = subprocess.run([launcher, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
                            "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29517",

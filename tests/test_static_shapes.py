@@ -349,12 +349,12 @@ def test_cost_curves_measure_the_steps_runs_take(tiny_llama, monkeypatch):
     g = torch.Generator().manual_seed(4)
     ids = torch.randint(100, 3000, (40,), generator=g).tolist()
     tree = DraftTree.chain(ids[20:26])
-    with budget._trial_cache(tiny_llama, ids[:19], 8) as (cache, steps):
+    with budget.trial_cache(tiny_llama, ids[:19], 8) as (cache, steps):
         assert steps is None
         want, _ = trial_forward(tiny_llama, cache, ids[19], tree)
     monkeypatch.setenv("SPECDEMO_STATIC_SHAPES", "1")
     idle_steps(tiny_llama).clear()
-    with budget._trial_cache(tiny_llama, ids[:19], 8) as (cache, steps):
+    with budget.trial_cache(tiny_llama, ids[:19], 8) as (cache, steps):
         got, seconds = trial_forward(tiny_llama, cache, ids[19], tree, steps)
         again, _ = trial_forward(tiny_llama, cache, ids[19], tree, steps)  # the trial leaves the cache as it found it
     assert seconds > 0 and torch.equal(got, again) and len(idle_steps(tiny_llama)) == 1
