@@ -59,6 +59,24 @@ def tiny_llama(tmp_path_factory):
     return _tiny("llama", tmp_path_factory)
 
 
+def on_cpu(target):
+    """The same checkpoint loaded on the CPU (the target itself on a CPU host), for the tests of claims about the
+    CPU's kernels and tree sizes (bit-exact padding, the CPU cost curve's budgets), which a GPU's kernels do not make:
+    its products round differently with their shapes, and its trees are sized by its own curve."""
+    if target.device.type == "cpu":
+        return target
+    if "cpu copy" not in target.artifacts:
+        target.artifacts["cpu copy"] = load_target(target.name, device="cpu")
+    return target.artifacts["cpu copy"]
+
+
+def tolerance(target) -> float:
+    """rtol and atol of the tests' comparisons of one forward's rows with another's (a tree's rows with a whole
+    sequence's): 1e-4 on a CPU; 1e-3 on a GPU, the tree self-check's own bound, because its fp32 products pick other
+    kernels for other shapes and differ at ~1e-4 of the values."""
+    return 1e-4 if target.device.type == "cpu" else 1e-3
+
+
 def cpu_processes_env() -> dict[str, str]:
     """The environment of the tests' `accelerate launch`: CPU processes (gloo) even on a host with a GPU, where
     --multi_gpu would give each process a GPU of its own (and process 1 one that a one-GPU host lacks).  The tests'

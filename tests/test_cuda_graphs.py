@@ -80,7 +80,8 @@ def test_graphs_follow_the_drafters_forward(tiny_llama, monkeypatch):
     from test_sdsat import _noisy_adapter
 
     sdsat = SDSATDrafter(tiny_llama, _noisy_adapter(tiny_llama), k=2)
-    assert sdsat.graph_key is None  # a CPU: probe-row hooks
+    sdsat.masked_rows = False  # a CPU's hooks: on the probe rows alone
+    assert sdsat.graph_key is None
     sdsat.masked_rows = True  # CUDA's graph-safe hooks
     assert run_to_end(tiny_llama, prompt, sdsat, cfg)[0] == ref
     assert len(FakeGraphs.made) == 2 and [k[-1] for k, _ in idle_steps(tiny_llama)].count(sdsat.graph_key) == 1

@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from conftest import OracleDrafter
+from conftest import OracleDrafter, tolerance
 
 from specdemo.drafters import make_drafter
 from specdemo.engine import Drafter, GenerationConfig, run_to_end
@@ -545,7 +545,8 @@ def test_declared_feature_layers_reach_the_drafter(tiny_llama, static):
         full = t.decoder(input_ids=torch.tensor([ids + out], device=t.device), output_hidden_states=True)
     want = torch.cat([full.hidden_states[1][0], full.hidden_states[2][0], full.last_hidden_state[0]], -1)
     assert probe.prompt_hidden.shape == (len(ids) - 1, 3 * d)
-    torch.testing.assert_close(probe.prompt_hidden, want[: len(ids) - 1], rtol=1e-4, atol=1e-4)
+    tol = tolerance(t)
+    torch.testing.assert_close(probe.prompt_hidden, want[: len(ids) - 1], rtol=tol, atol=tol)
     for positions, hidden in probe.seen:
         assert hidden.shape == (len(positions), 3 * d)
-        torch.testing.assert_close(hidden, want[positions], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(hidden, want[positions], rtol=tol, atol=tol)

@@ -169,7 +169,7 @@ def test_the_embedded_int4_weights_are_the_gguf_blocks(embedded):
         rows = _q_k_rows(t.data.shape[0], heads) if heads else None
         q, d, m = decode_q4_1(np.asarray(t.data), rows)
         w = d.repeat_interleave(GROUP, 1) * q + m.repeat_interleave(GROUP, 1)
-        assert torch.equal(w, weights[f"model.layers.{layer}.{DECODER_LINEARS[kind]}.weight"])
+        assert torch.equal(w, weights[f"model.layers.{layer}.{DECODER_LINEARS[kind]}.weight"].cpu())
         checked += 1
     assert checked == 7 * cfg.num_hidden_layers
     int4 = load_target("embedded", device="cpu", precision="int4")

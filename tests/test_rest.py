@@ -9,6 +9,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from conftest import on_cpu
 
 from specdemo import budget as B
 from specdemo.drafters import DrafterUnavailable, make_drafter
@@ -297,6 +298,7 @@ def test_rest_is_lossless_sampling(target, tiny_store):
 
 @pytest.mark.slow
 def test_cost_curve_and_budget_on_cpu(target):
+    target = on_cpu(target)
     curve = B.verify_cost_curve(target, sizes=(0, 4, 16), repeats=1)
     assert set(curve) == {0, 4, 16} and all(v > 0 for v in curve.values())
     assert B.verify_cost_curve(target, sizes=(0, 4, 16), repeats=1) == curve  # cached per model + device

@@ -198,7 +198,7 @@ def test_training_loss_falls(tiny_llama, tmp_path):
     heads = S4CHeads(target, 3, 64, s4c.build_draft_vocab(records, 512, target.lm_head.weight.shape[0], [0]))
     heads.train()
     opt = torch.optim.AdamW(heads.parameters(), lr=3e-3)
-    ids, ft, lens, starts = s4c.collate(records, feats, torch.float32, "cpu")
+    ids, ft, lens, starts = s4c.collate(records, feats, torch.float32, target.device)
     first = last = None
     for step in range(60):
         loss, ms = unrolled_losses(heads, ids, ft, lens, starts)
@@ -267,7 +267,7 @@ def test_training_time_test_feeds_each_head_the_previous_heads_output(tiny_llama
     t = tiny_llama
     torch.manual_seed(0)
     records = [{"id": f"r{i}", "ids": torch.randint(100, 400, (30,)).tolist(), "start": 5} for i in range(3)]
-    ids, ft, lens, starts = s4c.collate(records, stored_features(t, records, tmp_path / "f"), torch.float32, "cpu")
+    ids, ft, lens, starts = s4c.collate(records, stored_features(t, records, tmp_path / "f"), torch.float32, t.device)
     heads = S4CHeads(t, 3, 64, s4c.build_draft_vocab(records, 512, t.lm_head.weight.shape[0], [0]))
     calls, head = [], heads.head
 
@@ -308,7 +308,7 @@ def test_held_out_hits_against_the_whole_vocabulary(tiny_llama, tmp_path):
     torch.manual_seed(0)
     records = [{"id": f"r{i}", "ids": torch.randint(100, 400, (40,)).tolist(), "start": 6} for i in range(4)]
     feats = stored_features(t, records, tmp_path / "f")
-    ids, ft, lens, starts = s4c.collate(records, feats, torch.float32, "cpu")
+    ids, ft, lens, starts = s4c.collate(records, feats, torch.float32, t.device)
     whole = S4CHeads(t, 3, 64, torch.arange(t.lm_head.weight.shape[0]))
     with torch.no_grad():
         full_labels = (ft[..., -whole.d:] @ t.lm_head.weight.T).argmax(-1).unique()
@@ -430,7 +430,7 @@ def test_accelerate_launch_with_two_processes_trains_the_heads_one_process_train
     two = torch.load(tmp_path / "two" / "checkpoint.pt", weights_only=False)["model"]
     assert one.keys() == two.keys() and load_file(tmp_path / "two" / "model.safetensors").keys()
     start = S4CHeads(tiny_llama, 3, 64).state_dict()  # fc starts as [0 | I] whatever the seed
-    moved = max(float((one[k] - start[k]).abs().max()) for k in one if k.startswith("fc."))
+    moved = max(float((one[k] - start[k].cpu()).abs().max()) for k in one if k.startswith("fc."))
     assert moved > 2e-3  # training moved the weights far more than the two runs may differ
     # two steps: Adam's first step is lr * sign(g) and would hide a gradient of the wrong size; later steps amplify the
     # processes' different summation order (~1e-6 after one step, ~1e-5 after two, ~1e-3 after six)
@@ -456,7 +456,7 @@ def test_fused_feature_heads_train_save_and_draft_losslessly(tiny_llama, tmp_pat
     vocab = s4c.build_draft_vocab(records, 512, t.lm_head.weight.shape[0], [0])
     plain, fused = S4CHeads(t, 3, 64, vocab), S4CHeads(t, 3, 64, vocab, feature_layers=(1,))
     fused.load_state_dict(plain.state_dict(), strict=False)
-    ids, ft, lens, starts = s4c.collate(records, feats, torch.float32, "cpu")
+    ids, ft, lens, starts = s4c.collate(records, feats, torch.float32, t.device)
     with torch.no_grad():  # the fresh projection passes the last hidden state through
         torch.testing.assert_close(unrolled_losses(fused, ids, ft, lens, starts)[0],
                                    unrolled_losses(plain, ids, ft[..., -d:], lens, starts)[0])

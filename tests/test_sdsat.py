@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from conftest import cpu_processes_env
+from conftest import cpu_processes_env, on_cpu
 from specdemo.drafters import DrafterUnavailable, make_drafter
 from specdemo.drafters.sdsat.adapter import (
     AdapterError,
@@ -59,7 +59,8 @@ def _train_steps(t, ad, seq, prompt_len, lr, steps, rate, max_probes, L=3):
     rng = random.Random(0)
     for _ in range(steps):
         b = build_probes(seq, prompt_len, L, rate, rng, max_probes, L)
-        loss = torch.nn.functional.cross_entropy(probe_logits(t.model, ad, seq, b, grad=True), b[2])
+        logits = probe_logits(t.model, ad, seq, b, grad=True)
+        loss = torch.nn.functional.cross_entropy(logits, b[2].to(logits.device))
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -324,7 +325,8 @@ def test_device_default_tree_fits_the_cpu_budget(tiny_llama):
     """The CPU default shape stays within 15 nodes (the part of the CPU cost curve it was sized for)."""
     from specdemo.drafters.sdsat.drafter import make
 
-    d = make(tiny_llama, adapter=_noisy_adapter(tiny_llama))
+    t = on_cpu(tiny_llama)
+    d = make(t, adapter=_noisy_adapter(t))
     d._pending = [list(range(100, 112))] * d.k  # a full set of ranked candidates for every depth
     tree = d.propose(type("S", (), {"tokens": [1, 2, 3]})())
     assert len(tree) <= 15 and sum(tree.is_probe(i) for i in range(len(tree))) == d.k * (d.chains + 1)
@@ -334,6 +336,7 @@ def test_device_default_tree_fits_the_cpu_budget(tiny_llama):
 def test_default_tree_grafts_prompt_lookup_scored_by_ngram_length(tiny_llama):
     from specdemo.drafters.sdsat.drafter import make
 
+    tiny_llama = on_cpu(tiny_llama)  # the CPU's default tree
     d = make(tiny_llama, adapter=_noisy_adapter(tiny_llama), calibration="none")
     d._pending = [list(range(100, 112))] * d.k
     # the suffix 3-gram (5, 6, 7) occurred before, followed by 8, 9, 5, 6, 7: lookup's chain under the root
