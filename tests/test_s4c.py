@@ -221,17 +221,17 @@ def test_training_loss_falls(tiny_llama, tmp_path):
     # --autocast bf16: the same run in bf16 autocast (fp32 weights and optimizer) learns about as much as in fp32
     for mode in ("none", "bf16"):
         assert s4c.train(types.SimpleNamespace(**{**vars(args), "out": str(tmp_path / mode), "autocast": mode})) == 0
-    held = {m: s4c.evaluate(load_heads(t, tmp_path / m).float(), records, feats, args, "cpu")["head1"]["soft_ce"]
+    held = {m: s4c.evaluate(load_heads(t, tmp_path / m).float(), records, feats, args, t.device)["head1"]["soft_ce"]
             for m in ("none", "bf16")}
     start = s4c.evaluate(S4CHeads(target, 3, 64, load_heads(t, out).draft_vocab), records, feats, args,
-                         "cpu")["head1"]["soft_ce"]
+                         t.device)["head1"]["soft_ce"]
     assert start - held["bf16"] > 0.6 * (start - held["none"]) > 0
     assert json.loads((tmp_path / "bf16" / "config.json").read_text())["training"]["autocast"] == "bf16"
     # warm start (--init): a new run starts from those heads, not from scratch
     # one (negligible) step: the exported heads are the initial ones
     warm = types.SimpleNamespace(**{**vars(args), "out": str(tmp_path / "warm"), "init": str(out), "steps": 1,
                                     "lr": 1e-9, "resume": False, "n_heads": 2, "intermediate_size": 32})
-    held_first = lambda o: s4c.evaluate(load_heads(t, o), records, feats, args, "cpu")["head1"]["soft_ce"]  # noqa: E731
+    held_first = lambda o: s4c.evaluate(load_heads(t, o), records, feats, args, t.device)["head1"]["soft_ce"]  # noqa: E731
     assert s4c.train(warm) == 0
     assert "initialised from" in (tmp_path / "warm" / "train_log.txt").read_text()
     assert abs(held_first(tmp_path / "warm") - held_first(out)) < 1e-3
