@@ -243,7 +243,8 @@ def _prefill(target: Target, prompt_ids: list[int], drafter: Drafter, cfg: Gener
     graphs = drafter.graph_key if cuda_graphs.wanted(cfg.cuda_graphs, target.device) else None
     steps = acquire_steps(target, len(prompt_ids) + cfg.max_new_tokens, cfg.max_tree_nodes, cfg.static_buckets,
                           layers, graphs) if static else None
-    cache = steps.cache if steps else KVCache(capacity=len(prompt_ids) + cfg.max_new_tokens + cfg.max_tree_nodes + 2)
+    cache = steps.cache if steps else KVCache(capacity=len(prompt_ids) + cfg.max_new_tokens + cfg.max_tree_nodes + 2,
+                                              layers=target.n_layers)
     with target.lock:
         t0 = time.perf_counter()
         prompt_hidden = None

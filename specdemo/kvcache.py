@@ -4,6 +4,10 @@ A verification forward appends the KV entries of the whole tree; only the accept
 accepted entries next to the committed ones without reallocating (an index copy per layer), so a step costs no
 allocation however long the answer grows.
 
+Given the model's number of layers, every layer's K and V live in one tensor (`KVCache.joint`), each layer's buffers
+views of it laid out as a buffer of their own would be: compaction is then one gather and one scatter for the whole
+model instead of four operations per layer (~120 launches on a GPU, ~0.4 ms of small operations on a CPU).
+
 Static shapes (`static_step.py`, what a CUDA graph needs): a cache made with `static=True` never grows and, once the
 step points it at a tensor of slots (`write_to`), writes each row's entries at its slot with `index_copy_` and returns
 the whole fixed-length buffer; the step's mask hides every slot that is not committed or an ancestor.  Such a buffer
@@ -29,13 +33,21 @@ class SlotLayer(DynamicLayer):
         self.length = 0
         self.static = static
         self.slots: torch.Tensor | None = None  # static shapes: where the next forward's rows go (owned by the step)
+        self.owner: "KVCache | None" = None  # the cache whose joint tensor holds this layer's buffers, if any
+        self.index = 0  # this layer's place in it
+        self.joint_backed = False
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
-        b, h, _, d = key_states.shape
-        alloc = torch.zeros if self.static else torch.empty
-        self._k = alloc(b, h, self.capacity, d, dtype=self.dtype, device=self.device)
-        self._v = alloc(b, h, self.capacity, value_states.shape[-1], dtype=self.dtype, device=self.device)
+        views = self.owner.joint_views(self.index, key_states, value_states) if self.owner is not None else None
+        self.joint_backed = views is not None
+        if views is not None:
+            self._k, self._v = views
+        else:
+            b, h, _, d = key_states.shape
+            alloc = torch.zeros if self.static else torch.empty
+            self._k = alloc(b, h, self.capacity, d, dtype=self.dtype, device=self.device)
+            self._v = alloc(b, h, self.capacity, value_states.shape[-1], dtype=self.dtype, device=self.device)
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
@@ -53,6 +65,7 @@ class SlotLayer(DynamicLayer):
                 raise RuntimeError(f"a static KV cache of {self.capacity} slots cannot take {end} entries")
             self.capacity = max(end, 2 * self.capacity)
             k, v = self._k, self._v
+            self.owner = None  # a buffer of its own from now on: the joint tensor keeps its length
             self.lazy_initialization(key_states, value_states)
             self._k[:, :, : self.length] = k[:, :, : self.length]
             self._v[:, :, : self.length] = v[:, :, : self.length]
@@ -89,20 +102,49 @@ class KVCache(Cache):
     given slots it appends like the plain cache (the prefill), with zeroed free slots and no growth.
     """
 
-    def __init__(self, capacity: int = 256, static: bool = False) -> None:
+    def __init__(self, capacity: int = 256, static: bool = False, layers: int | None = None) -> None:
         super().__init__(layer_class_to_replicate=self._new_layer)
         self.capacity, self.static = capacity, static
         self.slots: torch.Tensor | None = None
+        self.n_layers = layers  # known: the layers' buffers are views of `joint`
+        self.joint: torch.Tensor | None = None  # (layers, 2, batch, kv heads, capacity, head dim)
 
     def _new_layer(self) -> SlotLayer:
-        """Layers appear on their first update (a one-token prompt has no prefill), already pointed at the slots."""
+        """Layers appear on their first update (a one-token prompt has no prefill), in order, already pointed at the
+        slots."""
         layer = SlotLayer(self.capacity, self.static)
         layer.slots = self.slots
+        layer.owner, layer.index = (self, len(self.layers)) if self.n_layers else (None, 0)
         return layer
+
+    def joint_views(self, index: int, key_states: torch.Tensor, value_states: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Layer `index`'s K and V buffers as views of the joint tensor, which the first layer's first update
+        allocates; None where a layer's shapes do not fit it (that layer then allocates its own)."""
+        b, h, _, d = key_states.shape
+        shape = (self.n_layers, 2, b, h, self.capacity, d)
+        if value_states.shape[-1] != d or index >= self.n_layers:
+            return None
+        if self.joint is None:
+            alloc = torch.zeros if self.static else torch.empty
+            self.joint = alloc(shape, dtype=key_states.dtype, device=key_states.device)
+        if self.joint.shape != shape or self.joint.dtype != key_states.dtype or self.joint.device != key_states.device:
+            return None
+        return self.joint[index, 0], self.joint[index, 1]
+
+    def _joint_ready(self) -> bool:
+        """Whether every layer's buffers are views of `joint`, so one operation moves entries in all of them."""
+        return self.joint is not None and len(self.layers) == self.n_layers and \
+            all(layer.is_initialized and layer.joint_backed and layer.owner is self for layer in self.layers)
 
     def keep(self, start: int, src: list[int]) -> None:
         """Keep the entries at absolute indices `src` (increasing), moved to start.., in every layer; drop the rest."""
         idx = torch.tensor(src, dtype=torch.long)
+        if self._joint_ready():
+            if src:
+                self.joint[:, :, :, :, start : start + len(src)] = self.joint[:, :, :, :, idx.to(self.joint.device)]
+            self.set_length(start + len(src))
+            return
         for layer in self.layers:
             layer.keep(start, idx.to(layer._k.device) if layer.is_initialized else idx)
 
@@ -117,8 +159,11 @@ class KVCache(Cache):
     def move(self, dst: torch.Tensor, src: torch.Tensor, length: int) -> None:
         """Static compaction: copy slots `src` to slots `dst` in every layer; the first `length` slots are then the
         committed entries (what lies beyond is stale, finite and masked until overwritten)."""
-        for layer in self.layers:
-            layer.move(dst, src)
+        if self._joint_ready():
+            self.joint.index_copy_(4, dst, self.joint.index_select(4, src))
+        else:
+            for layer in self.layers:
+                layer.move(dst, src)
         self.set_length(length)
 
     def set_length(self, length: int) -> None:

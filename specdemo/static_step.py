@@ -142,7 +142,7 @@ class StaticSteps:
                  buckets: Sequence[int] = STATIC_BUCKETS, layers: tuple[int, ...] = ()) -> None:
         self.target, self.layers = target, tuple(layers)  # layers: the drafter's declared features
         self.buckets = buckets_for(max_nodes, buckets)
-        self.cache = KVCache(committed_max + self.buckets[-1] + 2, static=True)
+        self.cache = KVCache(committed_max + self.buckets[-1] + 2, static=True, layers=target.n_layers)
         self.inputs: dict[int, StepInputs] = {}
         self._last: StepInputs | None = None
         self.pool_key: tuple = ()  # set by acquire_steps

@@ -57,8 +57,8 @@ class Target:
     # that it lives and dies with the model: a cache evicting the target frees them too.
     artifacts: dict = field(default_factory=dict, repr=False)
     # Why drafted output may differ from plain decoding on this model ("" = it may not): outside fp32 a tree forward
-    # and a one-token forward round differently, so near-ties can flip (the one GPU run in bf16: identical outputs on
-    # only 17-50% of prompts).  Shown by describe(), so the page's header says it.
+    # and a one-token forward round differently, so near-ties can flip (bf16 on an H200: identical outputs on 0-70% of
+    # prompts per mode, docs/gpu/).  Shown by describe(), so the page's header says it.
     precision_note: str = ""
     # The CPU precision of the linear layers (precision.py): "fp32", "bf16" or "int4"; drafted output stays plain
     # decoding's at that precision.  weights_note says what the weights then are (shown in the header).
@@ -72,6 +72,11 @@ class Target:
     def exact(self) -> bool:
         """True when drafted output is plain decoding's, token for token (fp32)."""
         return not self.precision_note
+
+    @property
+    def n_layers(self) -> int | None:
+        """The decoder's layer count, which sizes a KV cache's joint tensor (kvcache.py); None where not known."""
+        return getattr(self.model.config, "num_hidden_layers", None)
 
     @property
     def decoder(self) -> torch.nn.Module:

@@ -37,7 +37,7 @@ def tree_forward(target: Target, cache: KVCache, ids: list[int], buf: TreeBuffer
 
 def prefilled_cache(target: Target, ids: list[int], room: int) -> KVCache:
     """A fresh KV cache holding `ids` (the committed tokens before a root), with `room` more positions."""
-    cache = KVCache(capacity=len(ids) + room)
+    cache = KVCache(capacity=len(ids) + room, layers=target.n_layers)
     target.decoder(input_ids=torch.tensor([ids], device=target.device), past_key_values=cache, use_cache=True)
     return cache
 

@@ -217,6 +217,7 @@ def test_compaction_keeps_only_the_accepted_path(tiny):
     tree = DraftTree(tokens=[11, 22, 33, 44, 55], parents=[-1, -1, 1, 2, 1])  # accept 22 -> 33 -> 44 (not first)
     steps, ctx, past = _one_tree_step(tiny, tree, seed=1)
     steps.keep(past + 1, [past + 2, past + 3, past + 4])
+    assert steps.cache._joint_ready()  # every layer's entries moved by one gather and one scatter
     committed = ctx + [22, 33, 44]
     assert steps.cache.get_seq_length() == len(committed)
     nxt = DraftTree.empty()
