@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import torch
+from step_breakdown import fastest  # this folder's CPU breakdown: the same "fastest of n" timing
 
 from specdemo.budget import trial_cache
 from specdemo.engine import GenerationConfig, run_to_end
@@ -27,13 +27,7 @@ from specdemo.verify import trial_forward
 
 
 def fastest_ms(fn, repeats: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return 1e3 * best
+    return 1e3 * fastest(fn, repeats)
 
 
 def replay_ms(steps, buf: TreeBuffers, ids: list[int], n: int = 200) -> float:
