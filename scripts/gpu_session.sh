@@ -5,18 +5,22 @@
 #   bash scripts/gpu_session.sh [SECONDS]     # SECONDS: the call's budget (default 540), inside the 600 s limit
 #
 # The steps, in order of value, each under its own timeout and skipped when the budget left cannot hold it.  A step
-# that ends within its limit leaves a mark in /tmp/gpu_session.done, so a second call made while the machine is still warm (30 s)
-# runs only the steps the first could not:
+# that ends within its limit leaves a mark in /tmp/gpu_session.done, so a second call made while the machine is
+# still warm (30 s) runs only the steps the first could not:
 #   datastore      the embedded model converts and REST's default datastore builds;
+#   tests          the suite's GPU-relevant files on CUDA, 8 processes (log: $OUT/tests.log);
 #   bench-fp32     the bench, fp32, steps replayed as CUDA graphs, every mode against transformers' `generate`
 #                  (with a static cache, compiled, and eager), HumanEval, 128 new tokens: $OUT/<gpu>_fp32.json;
-#   tests          the suite's GPU-relevant files on CUDA, 8 processes (log: $OUT/tests.log);
 #   bench-bf16     the same modes in bf16 (the identical share per mode): $OUT/<gpu>_bf16.json;
-#   breakdown      where an AR step's time goes (graph, eager work, Python), fp32 and bf16: $OUT/breakdown.jsonl;
+#   fused          the fused decoding step on CUDA (SPECDEMO_FUSED_DECODER=1; off by default there until measured):
+#                  the graph tests with it, then the fp32 bench's modes with it: $OUT/<gpu>_fp32_fused.json;
+#   breakdown      where an AR step's time goes (graph, eager work, Python), fp32 and bf16, and fp32 with the fused
+#                  step: $OUT/breakdown.txt (JSON lines, then the profile of one fp32 engine run);
 #   curves         verification cost, 0-128 nodes, through the graphed steps: the embedded model fp32, random
 #                  Llama-1B/8B shapes bf16: $OUT/curves.jsonl;
-#   bf16-one-bucket  bf16 with every step in one 65-row bucket (batch-invariance by construction);
-#   sampling-fp32  fp32 at temperature 0.8, top-p 0.9 (the identical share when sampling).
+#   bf16-one-bucket  bf16 with every step in one 65-row bucket (batch-invariance by construction).
+# At most 8 files come back from $OUT: these steps write 8.  (fp32 sampling, measured on 2026-11-26: identical 1.00 in
+# every mode, is `$B --dtype float32 --methods $MODES --temperature 0.8 --top-p 0.9` when wanted again.)
 # Every step runs alone: a timing beside other work measures the contention.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -48,18 +52,21 @@ B="python3 -m specdemo bench --device cuda --precision fp32 --prompts humaneval 
 MODES=ar,pld,rest,s4c,sdsat
 
 step datastore 120 python3 -m specdemo datastore default
-step bench-fp32 230 $B --dtype float32 --methods $MODES,hf-static,hf --json "$OUT/${GPU}_fp32.json"
 step tests 170 bash -c "python3 -m pytest -n 8 -v -rfE -p no:cacheprovider --timeout 160 tests/test_cuda_graphs.py \
     tests/test_static_shapes.py tests/test_engine.py tests/test_precision.py tests/test_s4c.py tests/test_sdsat.py \
     tests/test_rest.py > $OUT/tests.log 2>&1"; tail -25 "$OUT/tests.log"
+step bench-fp32 230 $B --dtype float32 --methods $MODES,hf-static,hf --json "$OUT/${GPU}_fp32.json"
 step bench-bf16 110 $B --dtype bfloat16 --methods $MODES --json "$OUT/${GPU}_bf16.json"
-step breakdown 60 bash -c "python3 scripts/gpu_step_breakdown.py --dtype float32 --trace $OUT/trace_fp32.txt &&
-    python3 scripts/gpu_step_breakdown.py --dtype bfloat16" > "$OUT/breakdown.jsonl"
+step fused 150 env SPECDEMO_FUSED_DECODER=1 bash -c "python3 -m pytest -q -p no:cacheprovider --timeout 100 \
+    tests/test_cuda_graphs.py tests/test_static_shapes.py::test_every_drafter_embedded | tail -3 &&
+    $B --dtype float32 --methods $MODES --json $OUT/${GPU}_fp32_fused.json"
+step breakdown 80 bash -c "python3 scripts/gpu_step_breakdown.py --dtype float32 --trace /tmp/trace_fp32.txt &&
+    python3 scripts/gpu_step_breakdown.py --dtype bfloat16 &&
+    SPECDEMO_FUSED_DECODER=1 python3 scripts/gpu_step_breakdown.py --dtype float32 && cat /tmp/trace_fp32.txt" \
+    > "$OUT/breakdown.txt"
 step curves 110 bash -c 'for m in "--model embedded --dtype float32" "--random llama-1b --dtype bfloat16" \
     "--random llama-8b --dtype bfloat16"; do
     python3 scripts/verify_cost_curve.py $m --device cuda --sizes 0,1,2,4,8,16,32,64,128; done' > "$OUT/curves.jsonl"
 step bf16-one-bucket 90 env SPECDEMO_STATIC_BUCKETS=64 $B --dtype bfloat16 --methods $MODES \
     --json "$OUT/${GPU}_bf16_one_bucket.json"
-step sampling-fp32 90 $B --dtype float32 --methods $MODES --temperature 0.8 --top-p 0.9 \
-    --json "$OUT/${GPU}_fp32_sampling.json"
 ls -la "$OUT"

@@ -13,7 +13,10 @@ Every decoding step of a request (AR's one row, every tree verification) runs th
 stays plain decoding's; `verify.check_tree_support` proves at load that its logits are the transformers model's within
 the precision's tolerance.  It covers the Llama/Qwen2/Mistral layer (pre-norm, rotate-half rotary with a fixed table,
 grouped KV heads, optional biases, SiLU MLP, no sliding window); other models decode through transformers.
-Opt out: SPECDEMO_FUSED_DECODER=0.
+Opt out: SPECDEMO_FUSED_DECODER=0.  On a GPU the same step would launch about half the kernels of the transformers
+layer (fused norms, one q/k/v and one gate/up product): SPECDEMO_FUSED_DECODER=1 turns it on there, where its static
+steps replay as CUDA graphs like the transformers decoder's; it stays off by default on a GPU until a GPU run has
+measured it (docs/gpu/README.md).
 """
 from __future__ import annotations
 
@@ -44,7 +47,8 @@ def layer_supported(layer: torch.nn.Module) -> bool:
 
 def unsupported_reason(model: torch.nn.Module) -> str | None:
     """Why `model` cannot decode through CPUDecoder (None: it can)."""
-    if os.environ.get("SPECDEMO_FUSED_DECODER", "1") == "0":
+    env = os.environ.get("SPECDEMO_FUSED_DECODER", "").strip()
+    if env == "0":
         return "SPECDEMO_FUSED_DECODER=0"
     dec = model.get_decoder()
     cfg = model.config
@@ -59,8 +63,9 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
         return "a sliding attention window"
     if any(t != "full_attention" for t in getattr(cfg, "layer_types", None) or ()):
         return "layers other than full attention"
-    if next(model.parameters()).device.type != "cpu":
-        return "not on the CPU"
+    device = next(model.parameters()).device.type
+    if device != "cpu" and not (device == "cuda" and env == "1"):
+        return "not on the CPU (on CUDA: SPECDEMO_FUSED_DECODER=1)"
     return None
 
 
@@ -101,8 +106,10 @@ class RotaryTable:
     """A rotary embedding's cos and sin per position, computed once by the embedding itself (so the values are the
     model's own) and grown by doubling when a position passes its end."""
 
-    def __init__(self, rotary: torch.nn.Module, like: torch.Tensor, length: int = 4096):
-        self.rotary, self.like = rotary, like
+    def __init__(self, rotary: torch.nn.Module, like: torch.Tensor, length: int = 4096, grow: bool = True):
+        """grow False: the table covers every position asked for (the model's limit), so a call never reads a
+        position back to the host (a CUDA graph captures no host synchronisation)."""
+        self.rotary, self.like, self.grow = rotary, like, grow
         self._build(length)
 
     def _build(self, length: int) -> None:
@@ -115,9 +122,10 @@ class RotaryTable:
 
     def __call__(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin of `positions` (n,) as (n, 1, head_dim): every head turns alike."""
-        last = int(positions.max())
-        if last >= len(self):
-            self._build(max(2 * len(self), last + 1))
+        if self.grow:
+            last = int(positions.max())
+            if last >= len(self):
+                self._build(max(2 * len(self), last + 1))
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
 
@@ -186,7 +194,10 @@ class CPUDecoder:
         self.embed = dec.embed_tokens
         self.layers = [FusedLayer(layer, model.config.rms_norm_eps) for layer in dec.layers]
         self.norm = dec.norm.weight.detach()
-        self.rotary = RotaryTable(dec.rotary_emb, self.norm, min(max_positions, 4096))
+        # a CPU grows its table on demand; a GPU builds it whole, so that its steps can be captured as graphs
+        on_cpu = self.norm.device.type == "cpu"
+        self.rotary = RotaryTable(dec.rotary_emb, self.norm, min(max_positions, 4096) if on_cpu else max_positions,
+                                  grow=on_cpu)
 
     @property
     def products(self) -> list[tuple[torch.nn.Module, int]]:

@@ -175,8 +175,8 @@ class StaticSteps:
     def run(self, step: StepInputs) -> torch.Tensor:
         """The decoder over a prepared bucket: it reads only the bucket's buffers and the cache, so it is what a CUDA
         graph captures (cuda_graphs.py)."""
-        out = self.target.decoder(input_ids=step.ids, attention_mask=step.mask, position_ids=step.positions,
-                                  past_key_values=self.cache, use_cache=True, output_hidden_states=bool(self.layers))
+        out = self.target.step(input_ids=step.ids, attention_mask=step.mask, position_ids=step.positions,
+                               past_key_values=self.cache, use_cache=True, output_hidden_states=bool(self.layers))
         return decoder_features(out, self.layers)
 
     def keep(self, start: int, src: list[int]) -> None:

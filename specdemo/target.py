@@ -294,7 +294,7 @@ def load_target(name: str = EMBEDDED, device: str | None = None, dtype: str | No
     max_pos = int(getattr(model.config, "max_position_embeddings", 0) or getattr(tok, "model_max_length", 2048))
     identity = tokenizer_identity(tok)
     first = next(model.parameters())
-    step = CPUDecoder(model, max_pos + 64) if dev.type == "cpu" and unsupported_reason(model) is None else None
+    step = CPUDecoder(model, max_pos + 64) if "device_map" not in kwargs and unsupported_reason(model) is None else None
     return Target(label, model, tok, first.device, first.dtype, eos, max_pos, identity, packed_linears=packed,
                   precision_note=precision_note(first.dtype, dtype),
                   precision=precision, weights_note=weights_note, step_decoder=step)

@@ -2,11 +2,13 @@
 compute each part's rows exactly, the engine's output unchanged, and SDSAT's hooks following the fused products."""
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
 from conftest import OracleDrafter
-from specdemo.cpu_decoder import CPUDecoder, fusable, unsupported_reason
+from specdemo.cpu_decoder import CPUDecoder, RotaryTable, fusable, unsupported_reason
 from specdemo.engine import GenerationConfig, run_to_end
 from specdemo.kvcache import KVCache
 from specdemo.precision import Int4Linear, int4_available
@@ -50,6 +52,41 @@ def test_positions_past_the_rotary_table_grow_it(tiny_llama):
         ref, got = _step_both_ways(tiny_llama, list(range(100, 120)), DraftTree.chain([5, 6]), hidden=False)
     assert len(table) >= 22
     torch.testing.assert_close(got.last_hidden_state, ref.last_hidden_state, rtol=1e-4, atol=1e-4)
+
+
+def test_a_whole_table_never_grows_and_gives_the_growing_tables_values(tiny_llama):
+    """On a GPU the table is built for every position the model takes and a call reads nothing back to the host (a
+    CUDA graph captures no synchronisation): the same values as the growing table, and no growth."""
+    dec = tiny_llama.step_decoder
+    whole = RotaryTable(dec.decoder.rotary_emb, dec.norm, 64, grow=False)
+    positions = torch.tensor([0, 5, 63])
+    for a, b in zip(whole(positions), dec.rotary(positions)):
+        assert torch.equal(a, b)
+    assert len(whole) == 64
+    with pytest.raises(IndexError):
+        whole(torch.tensor([64]))
+
+
+def test_the_step_is_opt_in_on_cuda(tiny_llama, monkeypatch):
+    """On CUDA the fused step runs only when SPECDEMO_FUSED_DECODER=1 asks (until a GPU run has measured it); 0 turns
+    it off everywhere."""
+    class OnCuda:
+        def __init__(self, model):
+            self._model = model
+
+        def __getattr__(self, name):
+            return getattr(self._model, name)
+
+        def parameters(self):
+            yield types.SimpleNamespace(device=torch.device("cuda"))
+
+    model = OnCuda(tiny_llama.model)
+    monkeypatch.delenv("SPECDEMO_FUSED_DECODER", raising=False)
+    assert "SPECDEMO_FUSED_DECODER=1" in unsupported_reason(model) and unsupported_reason(tiny_llama.model) is None
+    monkeypatch.setenv("SPECDEMO_FUSED_DECODER", "1")
+    assert unsupported_reason(model) is None
+    monkeypatch.setenv("SPECDEMO_FUSED_DECODER", "0")
+    assert unsupported_reason(model) == unsupported_reason(tiny_llama.model) == "SPECDEMO_FUSED_DECODER=0"
 
 
 @pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(temperature=0.8, top_p=0.9, seed=3)])

@@ -250,13 +250,13 @@ def test_self_check_holds_with_padded_masks_and_catches_a_model_that_ignores_the
     tiny_llama.tree_ok = tiny_llama.static_ok = None
     check_tree_support(tiny_llama, static=True)
     assert tiny_llama.tree_ok and tiny_llama.static_ok
-    real = tiny_llama.model.get_decoder()
+    real = tiny_llama.step  # what decoding steps run, static ones included (the CPU decoder step where it exists)
 
     class IgnoresMask(torch.nn.Module):
         def forward(self, attention_mask=None, **kw):
             return real(**kw)
 
-    monkeypatch.setattr(tiny_llama.model, "get_decoder", lambda: IgnoresMask())
+    monkeypatch.setattr(tiny_llama, "step_decoder", IgnoresMask())
     try:
         tiny_llama.tree_ok = tiny_llama.static_ok = None
         with pytest.raises(UnsupportedForTree, match="padded static-shape mask|custom 4D attention mask"):
