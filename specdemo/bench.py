@@ -147,6 +147,9 @@ def summarise(target: Target, methods: list[str], runs: dict[str, list[dict]], m
             **{k: v for k, v in figures(rs, ar, ar_tps).items() if k != "prompts"},
             "draft_ms": 1e3 * statistics.median(draft) if draft else None,
             "verify_ms": 1e3 * statistics.median(verify) if verify else None,
+            # a step's whole cost, the prefill spread over the steps: beside the medians above it shows what a step
+            # spends outside drafting and verification (the engine's Python, host syncs), the GPU's breakdown
+            "step_ms": 1e3 * sum(r["wall_time"] for r in rs) / len(verify) if verify else None,
             "acceptance_by_depth": acceptance_by_depth([a for r in rs for a in r["accept_lengths"]]),
             "per_prompt": [{"id": r["id"], "group": r.get("group"), "new_tokens": len(r["tokens"]),
                             "wall_time": r["wall_time"], "accept_lengths": r["accept_lengths"], "identical": s,

@@ -436,6 +436,9 @@ def test_bench_runs_labelled_variants_side_by_side(tiny_llama):
     assert list(res["methods"]) == ["ar", "pld", "pld:short"]
     assert all(m["identical"] == 1.0 for m in res["methods"].values())
     assert all(m["tau"] >= 1.0 for m in res["methods"].values())
+    for m in res["methods"].values():  # a step's whole cost: the run's wall time over its steps
+        steps = sum(len(p["accept_lengths"]) for p in m["per_prompt"])
+        assert m["step_ms"] == pytest.approx(1e3 * sum(p["wall_time"] for p in m["per_prompt"]) / steps)
 
 
 def test_evicting_a_model_frees_it(tiny_llama):
