@@ -112,6 +112,13 @@ class RotaryTable:
         self.rotary, self.like, self.grow = rotary, like, grow
         self._build(length)
 
+    @classmethod
+    def for_model(cls, rotary: torch.nn.Module, like: torch.Tensor, max_positions: int) -> "RotaryTable":
+        """A CPU's table grows on demand from 4,096 positions; a GPU's is built whole, so that a step reads no
+        position back to the host: steps capture as CUDA graphs, and eager ones never wait for the GPU to drain."""
+        on_cpu = like.device.type == "cpu"
+        return cls(rotary, like, min(max_positions, 4096) if on_cpu else max_positions, grow=on_cpu)
+
     def _build(self, length: int) -> None:
         cos, sin = self.rotary(self.like.new_zeros(1, dtype=torch.float32),
                                 torch.arange(length, device=self.like.device).unsqueeze(0))
@@ -194,10 +201,7 @@ class CPUDecoder:
         self.embed = dec.embed_tokens
         self.layers = [FusedLayer(layer, model.config.rms_norm_eps) for layer in dec.layers]
         self.norm = dec.norm.weight.detach()
-        # a CPU grows its table on demand; a GPU builds it whole, so that its steps can be captured as graphs
-        on_cpu = self.norm.device.type == "cpu"
-        self.rotary = RotaryTable(dec.rotary_emb, self.norm, min(max_positions, 4096) if on_cpu else max_positions,
-                                  grow=on_cpu)
+        self.rotary = RotaryTable.for_model(dec.rotary_emb, self.norm, max_positions)
 
     @property
     def products(self) -> list[tuple[torch.nn.Module, int]]:

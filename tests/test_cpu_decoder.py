@@ -65,6 +65,8 @@ def test_a_whole_table_never_grows_and_gives_the_growing_tables_values(tiny_llam
     assert len(whole) == 64
     with pytest.raises(IndexError):
         whole(torch.tensor([64]))
+    cpu = RotaryTable.for_model(dec.decoder.rotary_emb, dec.norm, 10_000)  # a CPU's table starts small and grows
+    assert cpu.grow and len(cpu) == 4096
 
 
 def test_the_step_is_opt_in_on_cuda(tiny_llama, monkeypatch):

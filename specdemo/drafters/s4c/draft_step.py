@@ -33,7 +33,7 @@ class DraftStep:
                    for fc in heads.fc]
         self.layers = [FusedLayer(layer, eps) for layer in heads.layers]
         self.norms = [norm.weight.detach() for norm in heads.norms]
-        self.rotary = RotaryTable(heads.rotary, heads.fc[0].weight, min(max_positions, 4096))
+        self.rotary = RotaryTable.for_model(heads.rotary, heads.fc[0].weight, max_positions)
 
     @torch.no_grad()
     def head(self, h: int, emb: torch.Tensor, feat: torch.Tensor, positions: torch.Tensor,
