@@ -20,6 +20,7 @@ import time
 import torch
 
 from specdemo.budget import trial_cache
+from specdemo.cuda_graphs import GraphedSteps
 from specdemo.target import Target, load_target
 from specdemo.tree import DraftTree
 from specdemo.verify import trial_forward
@@ -56,8 +57,9 @@ def parse_sizes(text: str) -> list[int]:
 
 
 @torch.no_grad()
-def cost_curve(t: Target, sizes: list[int], repeats: int, context: int) -> dict[int, float]:
-    """Fastest milliseconds of a verification over root + n nodes, for each n in `sizes`."""
+def cost_curve(t: Target, sizes: list[int], repeats: int, context: int) -> tuple[dict[int, float], str]:
+    """Fastest milliseconds of a verification over root + n nodes, for each n in `sizes`, and how the verifications
+    ran: "cuda graphs", "static" (padded buckets, eager) or "plain"."""
     g = torch.Generator().manual_seed(0)
     vocab = min(t.model.config.vocab_size, 30000)
     ids = torch.randint(100 % vocab, vocab, (context + max(sizes) + 1,), generator=g).tolist()
@@ -74,16 +76,8 @@ def cost_curve(t: Target, sizes: list[int], repeats: int, context: int) -> dict[
                 t.sync()
                 if rep:
                     times[n].append(1e3 * (time.perf_counter() - t0))
-    return {n: min(v) for n, v in times.items()}
-
-
-def steps_kind(t: Target) -> str:
-    """How the curve's verifications ran: "cuda graphs", "static" (padded buckets, eager) or "plain"."""
-    from specdemo import cuda_graphs, static_step
-
-    if not static_step.wanted(None, t.device):
-        return "plain"
-    return "cuda graphs" if cuda_graphs.wanted(None, t.device) else "static"
+    kind = "plain" if steps is None else "cuda graphs" if isinstance(steps, GraphedSteps) else "static"
+    return {n: min(v) for n, v in times.items()}, kind
 
 
 def main(argv=None) -> int:
@@ -101,9 +95,9 @@ def main(argv=None) -> int:
         t = random_target(args.random, device, getattr(torch, args.dtype or "bfloat16"))
     else:
         t = load_target(args.model, args.device, args.dtype)
-    ms = cost_curve(t, parse_sizes(args.sizes), args.repeats, args.context)
+    ms, kind = cost_curve(t, parse_sizes(args.sizes), args.repeats, args.context)
     print(json.dumps({"model": t.name, "device": torch.cuda.get_device_name(t.device) if t.device.type == "cuda"
-                      else "cpu", "dtype": str(t.dtype).removeprefix("torch."), "steps": steps_kind(t),
+                      else "cpu", "dtype": str(t.dtype).removeprefix("torch."), "steps": kind,
                       "ms": {n: round(v, 3) for n, v in ms.items()},
                       "relative": {n: round(v / ms[0], 3) for n, v in ms.items()}}))
     return 0
