@@ -256,6 +256,20 @@ def test_training_loss_falls(tiny_llama, tmp_path):
     d = f.d
     assert torch.allclose(f.fuse.weight[:, -d:].float(), torch.eye(d), atol=1e-3)
     assert f.fuse.weight[:, :-d].abs().max() < 1e-3
+    # --init with more --n-heads: the trained heads keep their weights, the deeper ones start as the deepest of them
+    deep = types.SimpleNamespace(**{**vars(warm), "out": str(tmp_path / "deep"), "n_heads": 5})
+    assert s4c.train(deep) == 0
+    five = load_heads(t, tmp_path / "deep")
+    assert five.n_heads == 5
+    assert "heads 4..5 start as copies of head 3" in (tmp_path / "deep" / "train_log.txt").read_text()
+    assert torch.equal(five.fc[0].weight, old.fc[0].weight)
+    for h in (3, 4):
+        for a, b in zip(five.layers[h].parameters(), old.layers[2].parameters()):
+            assert torch.equal(a, b)
+    prompt, cfg = t.encode_prompt(PROMPT), GenerationConfig(max_new_tokens=12)
+    dr = S4CDrafter(t, five.eval(), budget=20)
+    assert run_to_end(t, prompt, dr, cfg)[0] == run_to_end(t, prompt, None, cfg)[0]
+    assert dr.tally.reached[4] > 0  # the fifth head drafted
 
 
 def test_training_time_test_feeds_each_head_the_previous_heads_output(tiny_llama, tmp_path):

@@ -66,8 +66,33 @@ def test_heldout_split_is_fixed_and_keeps_conversation_parts_together():
         sides = {sharegpt.is_heldout(f"{base}_{p}") for p in range(6)}
         assert len(sides) == 1 and sides == {sharegpt.is_heldout(base)}
         assert sharegpt.is_heldout_record(f"sg:{base}_3:2") == sharegpt.is_heldout(base)
+        assert sharegpt.is_heldout_record(f"task:summarize:{base}_1:3") == sharegpt.is_heldout(base)
     share = sum(sharegpt.is_heldout(f"id{i}") for i in range(20000)) / 20000
     assert abs(share - sharegpt.HELDOUT_PERCENT / 100) < 0.005
+
+
+def test_task_prompts_come_from_training_conversations_and_name_their_kind():
+    from specdemo.offline import task_prompts
+
+    german = "Ich weiß nicht, ob das für die Firma und den Kunden eine gute Idee ist."
+    assert task_prompts.language_of(german) == "German"
+    assert task_prompts.language_of("Pero en general, estaba satisfecho con el trabajo que había hecho.") == "Spanish"
+    assert task_prompts.language_of("It is possible that the player is not configured on your system.") is None
+    answer = " ".join(["The cache keeps every layer's keys and values in one tensor."] * 15)
+    chats = {name: [{"role": "user", "content": "How does the cache store its entries for every layer?"},
+                    {"role": "assistant", "content": answer},
+                    {"role": "user", "content": "Danke! Ich weiß nicht, ob das für die Firma und den Kunden eine gute "
+                                                "Idee ist. Kannst du es noch einmal erklären?"}]
+             for name in ("h72", "r0")}  # h72 is held out (the split test above), r0 is not
+    convs = [sharegpt.Conversation(name, chat) for name, chat in chats.items()]
+    specs = task_prompts.task_prompts(convs, 10)
+    assert sorted(s["id"] for s in specs) == ["task:grounded:r0:1", "task:summarize:r0:1", "task:translate:r0:2:0"]
+    assert not any(sharegpt.is_heldout_record(s["id"]) for s in specs)
+    by_kind = {s["id"].split(":")[1]: s["messages"][0]["content"] for s in specs}
+    assert by_kind["summarize"].endswith(answer) and "Question: How does the cache" in by_kind["grounded"]
+    assert by_kind["translate"].startswith("Translate German to English: Ich weiß nicht")
+    assert [s["id"] for s in task_prompts.task_prompts(convs, 10, heldout=True)][0].split(":")[2] == "h72"
+    assert len(task_prompts.task_prompts(convs, 1)) == 3  # per kind
 
 
 def test_packaged_sharegpt_reads_record_by_record():
@@ -109,8 +134,8 @@ def test_the_calibrations_prompts_are_held_out_and_in_no_distilled_corpus():
 
     prompts = json.loads(default_path("embedded").read_text())["prompts"]
     assert len(prompts) >= 16 and all(sharegpt.is_heldout_record(pid) for pid in prompts)
-    distilled = {sharegpt.conversation_id(str(r["id"]).split(":")[1]) for path in distilled_corpora()
-                 for r in distill.read_corpus(path)[1] if str(r["id"]).startswith("sg:")}
+    distilled = {sharegpt.conversation_id(conv) for path in distilled_corpora() for r in distill.read_corpus(path)[1]
+                 if (conv := sharegpt.source_conversation(r["id"])) is not None}
     assert not distilled & {sharegpt.conversation_id(pid.split(":")[1]) for pid in prompts}
 
 

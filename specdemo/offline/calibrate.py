@@ -53,8 +53,8 @@ def calibration_turns(n: int, max_prompt_tokens: int, target) -> list[tuple[str,
     seen = set()
     for path in distilled_corpora():
         _, records = read_corpus(Path(path))
-        seen.update(sharegpt.conversation_id(str(r["id"]).split(":")[1]) for r in records
-                    if str(r.get("id", "")).startswith("sg:"))
+        seen.update(sharegpt.conversation_id(conv) for r in records
+                    if (conv := sharegpt.source_conversation(r.get("id", ""))) is not None)
     convs = sharegpt.conversations(decontaminate=sharegpt.Decontaminator.for_evaluation_sets())
     pool = [c for c in convs if c.heldout and sharegpt.conversation_id(c.id) not in seen]
     pool.sort(key=lambda c: hashlib.blake2b(f"calibrate:{c.id}".encode(), digest_size=8).digest())

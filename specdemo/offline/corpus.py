@@ -19,7 +19,9 @@ PROMPTS_PATH = ASSETS / "corpus" / "prompts.jsonl"
 SELFDISTILL_PATH = ASSETS / "corpus" / "selfdistill.jsonl.gz"
 SHAREGPT_DISTILL_PATH = ASSETS / "corpus" / "sharegpt_distill.jsonl.gz"  # `python -m specdemo distill`, see README
 CODE_DISTILL_PATH = ASSETS / "corpus" / "code_distill.jsonl.gz"  # `distill --prompts stdlib`: the target writing code
-DISTILLED_CORPORA = (SELFDISTILL_PATH, SHAREGPT_DISTILL_PATH, CODE_DISTILL_PATH)
+# `distill --prompts tasks`: summaries, grounded answers and translations asked of ShareGPT's own text
+TASKS_DISTILL_PATH = ASSETS / "corpus" / "tasks_distill.jsonl.gz"
+DISTILLED_CORPORA = (SELFDISTILL_PATH, SHAREGPT_DISTILL_PATH, CODE_DISTILL_PATH, TASKS_DISTILL_PATH)
 SHARDS_DIR = ASSETS / "corpus" / "sharegpt"  # the rest of ShareGPT in shards (`distill --out assets/corpus/sharegpt/`)
 FORMAT = "specdemo-selfdistill"
 VERSION = 2

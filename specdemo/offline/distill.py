@@ -13,7 +13,8 @@ skips the prompts it has, and the final file is written to a temporary name and 
 Prompt sources: `sharegpt` (the training split of ShareGPT, first user turns then later turns with their real
 history, decontaminated; see sharegpt.py; `--heldout N` adds N held-out first turns, which the trainers keep for
 evaluation), `stdlib` ("complete this function" requests built from the standard library's documented functions,
-see code_prompts.py; `--first N` takes N of them, 0 all), `project` (the project's own prompt set,
+see code_prompts.py; `--first N` takes N of them, 0 all), `tasks` (summaries, grounded answers and translations
+asked of ShareGPT's own text, task_prompts.py; `--first N` per kind), `project` (the project's own prompt set,
 assets/corpus/prompts.jsonl) or a JSONL file of {"id", "prompt"} or {"id", "messages"} lines.
 
 `--prompts stdlib-source` distils nothing: it writes S4C's extra training data, stdlib functions as requests answered
@@ -33,7 +34,7 @@ from pathlib import Path
 import torch
 
 from specdemo.kvcache import KVCache
-from specdemo.offline import code_prompts, shards, sharegpt, train_loop
+from specdemo.offline import code_prompts, shards, sharegpt, task_prompts, train_loop
 from specdemo.offline.build_datastore import load_tokenizer
 from specdemo.offline.corpus import (
     FORMAT,
@@ -52,6 +53,9 @@ def prompt_specs(source: str, first: int, later: int, heldout: int, every_later:
         convs = sharegpt.conversations(decontaminate=sharegpt.Decontaminator.for_evaluation_sets())
         return (sharegpt.distill_prompts(convs, first, later, every_later=every_later)
                 + sharegpt.distill_prompts(convs, heldout, 0, heldout=True))
+    if source == "tasks":
+        convs = sharegpt.conversations(decontaminate=sharegpt.Decontaminator.for_evaluation_sets())
+        return task_prompts.task_prompts(convs, first)
     if source == "stdlib":
         return [{"id": p["id"], "messages": [{"role": "user", "content": p["prompt"]}]}
                 for p in code_prompts.stdlib_prompts(first)]
@@ -211,9 +215,11 @@ def register(sub) -> None:
     p = sub.add_parser("distill", help="self-distil a corpus: the target's greedy answers to many prompts")
     p.add_argument("--model", default="embedded", help="'embedded', a hub id or a local path")
     p.add_argument("--prompts", default="sharegpt",
-                   help="sharegpt | stdlib | project | PATH.jsonl[.gz]; stdlib-source: S4C's extra data (module doc)")
+                   help="sharegpt | tasks | stdlib | project | PATH.jsonl[.gz]; stdlib-source: S4C's extra data "
+                        "(module doc)")
     p.add_argument("--first", type=int, default=8000,
-                   help="sharegpt: first user turns of training conversations; stdlib: functions (0 = all)")
+                   help="sharegpt: first user turns of training conversations; tasks: requests of each kind; "
+                        "stdlib: functions (0 = all)")
     p.add_argument("--later", type=int, default=2000, help="sharegpt: later turns, with their real history")
     p.add_argument("--heldout", type=int, default=300, help="sharegpt: held-out first turns (for evaluation only)")
     p.add_argument("--every-later", action="store_true", help="sharegpt: every later turn, not one per conversation")

@@ -100,10 +100,21 @@ def is_heldout(key: str) -> bool:
     return _bucket(conversation_id(key)) < HELDOUT_PERCENT
 
 
+def source_conversation(record_id: str) -> str | None:
+    """The ShareGPT conversation (its record id) a distilled record comes from: "sg:<conversation>:<turn>", or
+    "task:<kind>:<conversation>:..." (a request built from one of its turns, task_prompts.py); None for others."""
+    parts = str(record_id).split(":")
+    if parts[0] == "sg" and len(parts) > 1:
+        return parts[1]
+    if parts[0] == "task" and len(parts) > 2:
+        return parts[2]
+    return None
+
+
 def is_heldout_record(record_id: str) -> bool:
-    """The held-out split of a distilled record: "sg:<conversation>:<turn>" by conversation, other ids by id."""
-    rid = str(record_id)
-    return is_heldout(rid.split(":")[1] if rid.startswith("sg:") else rid)
+    """The held-out split of a distilled record: by its ShareGPT conversation where it has one, else by its id."""
+    conv = source_conversation(record_id)
+    return is_heldout(conv if conv is not None else str(record_id))
 
 
 def split_name(record_id: str) -> str:

@@ -152,8 +152,8 @@ def _make_heads(args, target, records: list[dict], resumed: dict | None, log) ->
     else:
         special = sorted(target.eos_ids) + list(getattr(target.tokenizer, "all_special_ids", []) or [])
         draft_vocab = build_draft_vocab(records, args.draft_vocab, target.lm_head.weight.shape[0], special)
-    if init is not None:
-        args.n_heads, args.intermediate_size = init.n_heads, init.intermediate_size
+    if init is not None:  # the init's shape; --n-heads may add deeper heads to it
+        args.n_heads, args.intermediate_size = max(args.n_heads, init.n_heads), init.intermediate_size
     heads = S4CHeads(target, args.n_heads, args.intermediate_size, draft_vocab, args.feature_layers).to(target.device)
     if init is not None and init.feature_layers and init.feature_layers != heads.feature_layers:
         raise ValueError(f"--init heads read layers {list(init.feature_layers)}: pass --feature-layers with those")
@@ -162,10 +162,13 @@ def _make_heads(args, target, records: list[dict], resumed: dict | None, log) ->
         # that read the last layer alone start fused heads whose projection passes the last layer through (its init)
         heads.load_state_dict({k: v.float() for k, v in init.state_dict().items() if k != "draft_vocab"},
                               strict=False)
+        heads.copy_deepest(init.n_heads)
         log(f"initialised from the heads in {args.init}"
             + (f" (a new draft vocabulary of {len(draft_vocab)} tokens from --data)" if args.new_vocab else "")
             + (f" (+ a fusion of layers {list(heads.feature_layers)}, starting as the last layer alone)"
-               if heads.feature_layers and not init.feature_layers else ""))
+               if heads.feature_layers and not init.feature_layers else "")
+            + (f" (heads {init.n_heads + 1}..{heads.n_heads} start as copies of head {init.n_heads})"
+               if heads.n_heads > init.n_heads else ""))
     if resumed is not None:
         missing, unexpected = heads.load_state_dict(resumed["model"], strict=False)
         if [k for k in missing + unexpected if not k.startswith("rotary.")]:

@@ -70,6 +70,12 @@ SOURCES = (
 )
 
 
+def _source(depth: int) -> str:
+    """The source name of a node drafted at `depth` (the head that drafted it), the fourth and deeper heads sharing
+    one (their calibration shares one table too: calibration.MAX_DEPTH)."""
+    return f"head{min(depth, len(SOURCES) - 1)}"
+
+
 @dataclass
 class _Node:
     token: int
@@ -314,7 +320,7 @@ class S4CDrafter(Drafter):
                 keep.add(j)
         kept = sorted(keep, key=lambda j: (nodes[j].depth, j))
         self._last_depths = [nodes[j].depth for j in kept]
-        full = DraftTree([nd.token for nd in nodes], [nd.parent for nd in nodes], [f"head{nd.depth}" for nd in nodes],
+        full = DraftTree([nd.token for nd in nodes], [nd.parent for nd in nodes], [_source(nd.depth) for nd in nodes],
                          None, [math.exp(nd.logp) for nd in nodes])
         return full.subtree(kept)
 

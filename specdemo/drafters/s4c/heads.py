@@ -155,6 +155,13 @@ class S4CHeads(nn.Module):
             y = y[0]
         return self.norms[h](y)
 
+    def copy_deepest(self, trained: int) -> None:
+        """Heads past the first `trained` become copies of the deepest trained one (training more heads than a warm
+        start had): it already maps a head's output and the next token to the next feature, as a deeper head does."""
+        for h in range(trained, self.n_heads):
+            for part in (self.fc, self.layers, self.norms):
+                part[h].load_state_dict(part[trained - 1].state_dict())
+
     def artifact_state(self) -> dict[str, torch.Tensor]:
         sd = {k: v.detach().to(torch.float16).contiguous() for k, v in self.state_dict().items()
               if not k.startswith("rotary.") and k != "draft_vocab"}
