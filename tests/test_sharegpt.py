@@ -92,7 +92,7 @@ def test_task_prompts_come_from_training_conversations_and_name_their_kind():
     assert by_kind["summarize"].endswith(answer) and "Question: How does the cache" in by_kind["grounded"]
     assert by_kind["translate"].startswith("Translate German to English: Ich weiß nicht")
     assert [s["id"] for s in task_prompts.task_prompts(convs, 10, heldout=True)][0].split(":")[2] == "h72"
-    assert len(task_prompts.task_prompts(convs, 1)) == 3  # per kind
+    assert len(task_prompts.task_prompts(convs, 1)) == 3 == len(task_prompts.task_prompts(convs, 0))  # per kind; 0: all
 
 
 def test_packaged_sharegpt_reads_record_by_record():

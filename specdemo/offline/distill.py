@@ -219,7 +219,7 @@ def register(sub) -> None:
                         "(module doc)")
     p.add_argument("--first", type=int, default=8000,
                    help="sharegpt: first user turns of training conversations; tasks: requests of each kind; "
-                        "stdlib: functions (0 = all)")
+                        "stdlib: functions (0 = all, for tasks too)")
     p.add_argument("--later", type=int, default=2000, help="sharegpt: later turns, with their real history")
     p.add_argument("--heldout", type=int, default=300, help="sharegpt: held-out first turns (for evaluation only)")
     p.add_argument("--every-later", action="store_true", help="sharegpt: every later turn, not one per conversation")

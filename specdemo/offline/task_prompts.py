@@ -66,8 +66,8 @@ def _translations(conv: sharegpt.Conversation, turn: int, text: str) -> list[dic
 
 
 def task_prompts(convs: list[sharegpt.Conversation], per_kind: int, heldout: bool = False) -> list[dict]:
-    """Up to `per_kind` {"id", "messages"} prompts of each kind from the training conversations (held-out ones with
-    `heldout`), in a stable hash order so that a larger request extends a smaller one."""
+    """Up to `per_kind` (0: every) {"id", "messages"} prompts of each kind from the training conversations (held-out
+    ones with `heldout`), in a stable hash order so that a larger request extends a smaller one."""
     found: dict[str, list[dict]] = {k: [] for k in KINDS}
     for conv in convs:
         if conv.heldout != heldout:
@@ -88,5 +88,5 @@ def task_prompts(convs: list[sharegpt.Conversation], per_kind: int, heldout: boo
     out = []
     for kind in KINDS:
         pool = sorted(found[kind], key=lambda s: _hash_order(s["id"]))
-        out += pool[:per_kind]
+        out += pool[: per_kind or None]
     return out
