@@ -51,14 +51,15 @@ def main() -> int:
     target = load_target("embedded", precision="fp32")
     with open(args.bench) as f:
         records = answer_records(target, json.load(f), args.prompts)
-    store = FeatureStore(tempfile.mkdtemp(prefix="heads-on-answers-"), 160, 512)
-    extract(target, records, store, (), log=lambda m: None)
     groups = sorted({r["group"] for r in records})
-    for folder in args.heads:
-        heads = load_heads(target, folder).float()
-        print(folder, "all", accuracy(heads, records, store, target.device))
-        for g in groups if len(groups) > 1 else ():
-            print("   ", g, accuracy(heads, [r for r in records if r["group"] == g], store, target.device))
+    with tempfile.TemporaryDirectory(prefix="heads-on-answers-") as folder:
+        store = FeatureStore(folder, 160, 512)
+        extract(target, records, store, (), log=lambda m: None)
+        for source in args.heads:
+            heads = load_heads(target, source).float()
+            print(source, "all", accuracy(heads, records, store, target.device))
+            for g in groups if len(groups) > 1 else ():
+                print("   ", g, accuracy(heads, [r for r in records if r["group"] == g], store, target.device))
     return 0
 
 

@@ -49,13 +49,12 @@ from specdemo.target import load_target
 
 def prompt_specs(source: str, first: int, later: int, heldout: int, every_later: bool = False) -> list[dict]:
     """{"id", "messages"} prompts of a source (see the module doc)."""
-    if source == "sharegpt":
+    if source in ("sharegpt", "tasks"):
         convs = sharegpt.conversations(decontaminate=sharegpt.Decontaminator.for_evaluation_sets())
+        if source == "tasks":
+            return task_prompts.task_prompts(convs, first)
         return (sharegpt.distill_prompts(convs, first, later, every_later=every_later)
                 + sharegpt.distill_prompts(convs, heldout, 0, heldout=True))
-    if source == "tasks":
-        convs = sharegpt.conversations(decontaminate=sharegpt.Decontaminator.for_evaluation_sets())
-        return task_prompts.task_prompts(convs, first)
     if source == "stdlib":
         return [{"id": p["id"], "messages": [{"role": "user", "content": p["prompt"]}]}
                 for p in code_prompts.stdlib_prompts(first)]

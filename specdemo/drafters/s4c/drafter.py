@@ -70,10 +70,13 @@ SOURCES = (
 )
 
 
+SHOWN_HEADS = sum(s.name.startswith("head") for s in SOURCES)
+
+
 def _source(depth: int) -> str:
     """The source name of a node drafted at `depth` (the head that drafted it), the fourth and deeper heads sharing
     one (their calibration shares one table too: calibration.MAX_DEPTH)."""
-    return f"head{min(depth, len(SOURCES) - 1)}"
+    return f"head{min(depth, SHOWN_HEADS)}"
 
 
 @dataclass
