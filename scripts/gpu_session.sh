@@ -12,13 +12,14 @@
 #   bench-fp32     the bench, fp32, steps replayed as CUDA graphs, every mode against transformers' `generate`
 #                  (with a static cache, compiled, and eager), HumanEval, 128 new tokens: $OUT/<gpu>_fp32.json;
 #   bench-bf16     the same modes in bf16 (the identical share per mode): $OUT/<gpu>_bf16.json;
-#   fused          the fused decoding step on CUDA (SPECDEMO_FUSED_DECODER=1; off by default there until measured):
-#                  the graph tests with it, then the fp32 bench's modes with it: $OUT/<gpu>_fp32_fused.json;
-#   breakdown      where an AR step's time goes (graph, eager work, Python), fp32 and bf16, and fp32 with the fused
-#                  step: $OUT/breakdown.txt (JSON lines, then the profile of one fp32 engine run);
+#   breakdown      where an AR step's time goes (graph, eager work, Python), fp32 and bf16, and fp32 through the
+#                  transformers layer: $OUT/breakdown.txt (JSON lines, then the profile of one fp32 engine run);
 #   curves         verification cost, 0-128 nodes, through the graphed steps: the embedded model fp32, random
 #                  Llama-1B/8B shapes bf16: $OUT/curves.jsonl;
-#   bf16-one-bucket  bf16 with every step in one 65-row bucket (batch-invariance by construction).
+#   bf16-one-bucket  bf16 with every step in one 65-row bucket (batch-invariance by construction);
+#   layers-ab      the fp32 bench's modes through the transformers layer (SPECDEMO_FUSED_DECODER=0), the fused step's
+#                  comparison: $OUT/<gpu>_fp32_transformers_layer.json.
+# The suite needs the embedded model converted before its 8 workers start: the datastore step converts it.
 # At most 8 files come back from $OUT: these steps write 8.  (fp32 sampling, measured on 2026-11-26: identical 1.00 in
 # every mode, is `$B --dtype float32 --methods $MODES --temperature 0.8 --top-p 0.9` when wanted again.)
 # Every step runs alone: a timing beside other work measures the contention.
@@ -57,16 +58,15 @@ step tests 170 bash -c "python3 -m pytest -n 8 -v -rfE -p no:cacheprovider --tim
     tests/test_rest.py > $OUT/tests.log 2>&1"; tail -25 "$OUT/tests.log"
 step bench-fp32 230 $B --dtype float32 --methods $MODES,hf-static,hf --json "$OUT/${GPU}_fp32.json"
 step bench-bf16 110 $B --dtype bfloat16 --methods $MODES --json "$OUT/${GPU}_bf16.json"
-step fused 150 env SPECDEMO_FUSED_DECODER=1 bash -c "python3 -m pytest -q -p no:cacheprovider --timeout 100 \
-    tests/test_cuda_graphs.py tests/test_static_shapes.py::test_every_drafter_embedded | tail -3 &&
-    $B --dtype float32 --methods $MODES --json $OUT/${GPU}_fp32_fused.json"
-step breakdown 80 bash -c "python3 scripts/gpu_step_breakdown.py --dtype float32 --trace /tmp/trace_fp32.txt &&
+step breakdown 120 bash -c "python3 scripts/gpu_step_breakdown.py --dtype float32 --trace /tmp/trace_fp32.txt &&
     python3 scripts/gpu_step_breakdown.py --dtype bfloat16 &&
-    SPECDEMO_FUSED_DECODER=1 python3 scripts/gpu_step_breakdown.py --dtype float32 && cat /tmp/trace_fp32.txt" \
+    SPECDEMO_FUSED_DECODER=0 python3 scripts/gpu_step_breakdown.py --dtype float32 && cat /tmp/trace_fp32.txt" \
     > "$OUT/breakdown.txt"
 step curves 110 bash -c 'for m in "--model embedded --dtype float32" "--random llama-1b --dtype bfloat16" \
     "--random llama-8b --dtype bfloat16"; do
     python3 scripts/verify_cost_curve.py $m --device cuda --sizes 0,1,2,4,8,16,32,64,128; done' > "$OUT/curves.jsonl"
 step bf16-one-bucket 90 env SPECDEMO_STATIC_BUCKETS=64 $B --dtype bfloat16 --methods $MODES \
     --json "$OUT/${GPU}_bf16_one_bucket.json"
+step layers-ab 110 env SPECDEMO_FUSED_DECODER=0 $B --dtype float32 --methods $MODES \
+    --json "$OUT/${GPU}_fp32_transformers_layer.json"
 ls -la "$OUT"

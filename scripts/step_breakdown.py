@@ -5,7 +5,7 @@
 
 The whole step is `verify.trial_forward` with no draft (a one-token verification after `context` tokens, the LM head
 included); the linears and the head are the products the step runs (the CPU step's fused ones where the model has it,
-cpu_decoder.py; SPECDEMO_FUSED_DECODER=0 for the transformers decoder's) fed the step's shapes in a loop (one row each,
+step_decoder.py; SPECDEMO_FUSED_DECODER=0 for the transformers decoder's) fed the step's shapes in a loop (one row each,
 in the order a step calls them), so "the rest" is the step minus both.  Fastest of `repeats`, alone on the machine.
 """
 from __future__ import annotations

@@ -172,7 +172,9 @@ def _device_name(target: Target) -> str:
 
 def format_table(result: dict) -> str:
     fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
-    weights = result.get("precision", result["dtype"])
+    # precision is the CPU linears' setting; with fp32 linears the weights are in the model's dtype (bf16 on a GPU)
+    precision = result.get("precision", "fp32")
+    weights = precision if precision != "fp32" or result["dtype"] == "float32" else result["dtype"]
     lines = [f"model {result['model']} ({weights}) on {result['device']}, {result['prompts']} prompts, "
              f"max_new_tokens {result['max_new_tokens']}, "
              + ("greedy" if result["sampling"]["temperature"] <= 0 else f"sampling {result['sampling']}"),

@@ -123,7 +123,7 @@ class Int4Linear(torch.nn.Module):
     def concat(cls, parts: "list[Int4Linear] | tuple[Int4Linear, ...]") -> "Int4Linear":
         """One layer computing `parts` side by side (outputs concatenated), from their packed blocks, scales and zeros
         as they are: each output row is the same computation as in its own layer.  No prefill weight: a fused layer
-        serves decoding steps (cpu_decoder.py), not prefills."""
+        serves decoding steps (step_decoder.py), not prefills."""
         new = cls.__new__(cls)
         torch.nn.Module.__init__(new)
         new.in_features, new.out_features = parts[0].in_features, sum(p.out_features for p in parts)

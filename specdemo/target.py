@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from specdemo.cpu_attention import use_grouped_kv_attention
-from specdemo.cpu_decoder import CPUDecoder, unsupported_reason
+from specdemo.step_decoder import StepDecoder, unsupported_reason
 from specdemo.cpu_linear import use_packed_linears
 from specdemo.precision import PRECISIONS, apply_precision, check_precision, default_precision, prefill_weights
 
@@ -64,9 +64,10 @@ class Target:
     # decoding's at that precision.  weights_note says what the weights then are (shown in the header).
     precision: str = "fp32"
     weights_note: str = ""
-    # The decoding step's forward on a CPU (cpu_decoder.CPUDecoder: the same weights in fewer, larger operations);
+    # The decoding step's forward on the CPU and CUDA (step_decoder.StepDecoder: the same weights in fewer, larger
+    # operations);
     # None: decoding steps run the transformers decoder.
-    step_decoder: CPUDecoder | None = field(default=None, repr=False)
+    step_decoder: StepDecoder | None = field(default=None, repr=False)
 
     @property
     def exact(self) -> bool:
@@ -184,7 +185,9 @@ def embedded_dir(progress: bool = True) -> Path:
     print(f"specdemo: converting the embedded model {gguf.name} (first use only, ~20 s) ...", flush=True)
     if progress:
         hf_logging.enable_progress_bar()
-    tmp = out.with_name(out.name + ".tmp")
+    # a folder of this process's own: processes converting at once (test workers, the app beside a bench) never
+    # write into each other's files, and the first complete folder renamed into place wins
+    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -196,11 +199,18 @@ def embedded_dir(progress: bool = True) -> Path:
     model.generation_config.save_pretrained(tmp)
     save_model(model, str(tmp / "model.safetensors"))
     tok.save_pretrained(tmp)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    if (out / "model.safetensors").exists() and (out / "tokenizer.json").exists():
+        shutil.rmtree(tmp)  # another process finished first
+    else:
+        shutil.rmtree(out, ignore_errors=True)  # an incomplete folder left by an interrupted conversion
+        try:
+            tmp.rename(out)
+        except OSError:  # another process renamed its folder into place in between
+            shutil.rmtree(tmp)
     known[stamp] = digest
-    index.parent.mkdir(parents=True, exist_ok=True)
-    index.write_text(json.dumps(known))
+    index_tmp = index.with_name(f"{index.name}.tmp-{os.getpid()}")
+    index_tmp.write_text(json.dumps(known))
+    index_tmp.replace(index)
     return out
 
 
@@ -294,7 +304,7 @@ def load_target(name: str = EMBEDDED, device: str | None = None, dtype: str | No
     max_pos = int(getattr(model.config, "max_position_embeddings", 0) or getattr(tok, "model_max_length", 2048))
     identity = tokenizer_identity(tok)
     first = next(model.parameters())
-    step = CPUDecoder(model, max_pos + 64) if "device_map" not in kwargs and unsupported_reason(model) is None else None
+    step = StepDecoder(model, max_pos + 64) if "device_map" not in kwargs and unsupported_reason(model) is None else None
     return Target(label, model, tok, first.device, first.dtype, eos, max_pos, identity, packed_linears=packed,
                   precision_note=precision_note(first.dtype, dtype),
                   precision=precision, weights_note=weights_note, step_decoder=step)

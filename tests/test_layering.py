@@ -10,7 +10,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "specdemo"
 CORE = ("specdemo.engine", "specdemo.kvcache", "specdemo.tree", "specdemo.sampling", "specdemo.budget",
-        "specdemo.target", "specdemo.cpu_linear", "specdemo.cpu_attention", "specdemo.cpu_decoder",
+        "specdemo.target", "specdemo.cpu_linear", "specdemo.cpu_attention", "specdemo.step_decoder",
         "specdemo.calibration", "specdemo.precision", "specdemo.verify", "specdemo.static_step", "specdemo.cuda_graphs")
 
 

@@ -118,6 +118,16 @@ def test_format_table_adds_a_per_group_table_after_the_unchanged_overall_one():
     assert rows["overall"] == ["1.00x/1.00", "1.14x/1.33", "1.33x/-"]
 
 
+def test_format_table_header_names_the_weights_a_run_decoded_with():
+    """The header names the CPU linears' precision, or the model's dtype where the linears are the model's own (a
+    bf16 run on a GPU is not called fp32)."""
+    res = _synthetic_result()
+    header = lambda **kw: bench.format_table({**res, **kw, "groups": {}}).splitlines()[0]  # noqa: E731
+    assert "(fp32)" in header(dtype="float32", precision="fp32")
+    assert "(bfloat16)" in header(dtype="bfloat16", precision="fp32")
+    assert "(int4)" in header(dtype="float32", precision="int4")
+
+
 def test_bench_lists_where_a_method_left_ars_tokens_and_how_near_a_tie_it_was():
     res = _synthetic_result()  # hf's tokens on t2 differ from AR's from the first token on
     hf = res["methods"]["hf"]["per_prompt"]

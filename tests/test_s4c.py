@@ -244,7 +244,7 @@ def test_training_loss_falls(tiny_llama, tmp_path):
     train_recs, _ = s4c.corpus.split_heldout(records)
     special = sorted(t.eos_ids) + list(t.tokenizer.all_special_ids)
     want = s4c.build_draft_vocab(train_recs, 24, t.lm_head.weight.shape[0], special)
-    assert len(new.draft_vocab) == 24 < len(old.draft_vocab) and torch.equal(new.draft_vocab, want)
+    assert len(new.draft_vocab) == 24 < len(old.draft_vocab) and torch.equal(new.draft_vocab.cpu(), want.cpu())
     assert torch.equal(new.fc[0].weight, old.fc[0].weight)
     # --init of last-layer heads with --feature-layers: the fused heads start as those heads (the projection passes
     # the last layer through), so they draft what the initial heads draft
@@ -254,7 +254,7 @@ def test_training_loss_falls(tiny_llama, tmp_path):
     f = load_heads(t, tmp_path / "fused")
     assert f.feature_layers == (1,) and torch.equal(f.fc[0].weight, old.fc[0].weight)
     d = f.d
-    assert torch.allclose(f.fuse.weight[:, -d:].float(), torch.eye(d), atol=1e-3)
+    assert torch.allclose(f.fuse.weight[:, -d:].float().cpu(), torch.eye(d), atol=1e-3)
     assert f.fuse.weight[:, :-d].abs().max() < 1e-3
     # --init with more --n-heads: the trained heads keep their weights, the deeper ones start as the deepest of them
     deep = types.SimpleNamespace(**{**vars(warm), "out": str(tmp_path / "deep"), "n_heads": 5})

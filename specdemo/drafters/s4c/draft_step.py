@@ -2,7 +2,7 @@
 
 Why: a head call drafts 1-10 rows, so on the CPU its cost is mostly the decoder layer's ~100 small operations and
 module calls, not its products.  Each head's layer runs as the target's CPU decoding step runs its layers
-(`cpu_decoder.FusedLayer`: one q/k/v and one gate/up product, one rotary multiply over a table built once, torch's
+(`step_decoder.FusedLayer`: one q/k/v and one gate/up product, one rotary multiply over a table built once, torch's
 fused `rms_norm`), on the heads' own weights (bf16-packed where `cached_heads` packs them so), so the outputs equal
 `S4CHeads.head`'s up to float rounding (a test checks); drafts only propose, the target verifies every one.  Heads over
 a layer of another form draft through `S4CHeads.head`.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from specdemo.cpu_attention import grouped_kv_sdpa
-from specdemo.cpu_decoder import FusedLayer, RotaryTable, layer_supported
+from specdemo.step_decoder import FusedLayer, RotaryTable, layer_supported
 from specdemo.cpu_linear import frozen_linear
 from specdemo.drafters.s4c.heads import S4CHeads
 from specdemo.kvcache import KVCache

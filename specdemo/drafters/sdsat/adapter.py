@@ -58,7 +58,7 @@ def _linear_modules(model, targets) -> dict[str, torch.nn.Module]:
 
 def _register_output_hook(mod: torch.nn.Module, hook) -> list:
     """The handles of `hook` on `mod`'s output, wherever it is computed: on `mod` (the transformers forward: training,
-    prefill), and where a decoding step computes `mod` inside a fused product (`cpu_decoder.py` sets `fused_into` =
+    prefill), and where a decoding step computes `mod` inside a fused product (`step_decoder.py` sets `fused_into` =
     (that product, its first output column)), on that product too, showing `hook` `mod`'s columns: the hooks here add
     to their output in place, so they work on a view.  A forward runs one of the two, never both."""
     handles = [mod.register_forward_hook(hook)]

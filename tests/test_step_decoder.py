@@ -1,4 +1,4 @@
-"""The CPU decoding step (cpu_decoder.py): the transformers decoder's values in fewer operations, fused products that
+"""The decoding step in few operations (step_decoder.py): the transformers decoder's values in fewer operations, fused products that
 compute each part's rows exactly, the engine's output unchanged, and SDSAT's hooks following the fused products."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import OracleDrafter
-from specdemo.cpu_decoder import CPUDecoder, RotaryTable, fusable, unsupported_reason
+from specdemo.step_decoder import StepDecoder, RotaryTable, fusable, unsupported_reason
 from specdemo.engine import GenerationConfig, run_to_end
 from specdemo.kvcache import KVCache
 from specdemo.precision import Int4Linear, int4_available
@@ -36,7 +36,7 @@ def _step_both_ways(target, ctx: list[int], tree: DraftTree, hidden: bool):
 def test_the_step_gives_the_transformers_decoders_values(tiny, tree):
     """A one-token step and a two-branch tree: last hidden states and every layer's states as transformers gives them
     (fp32, up to float rounding: the fused products and torch's rms_norm sum in another order)."""
-    assert unsupported_reason(tiny.model) is None and isinstance(tiny.step_decoder, CPUDecoder)
+    assert unsupported_reason(tiny.model) is None and isinstance(tiny.step_decoder, StepDecoder)
     with torch.no_grad():
         ref, got = _step_both_ways(tiny, list(range(100, 112)), tree, hidden=True)
     torch.testing.assert_close(got.last_hidden_state, ref.last_hidden_state, rtol=1e-4, atol=1e-4)
@@ -69,22 +69,25 @@ def test_a_whole_table_never_grows_and_gives_the_growing_tables_values(tiny_llam
     assert cpu.grow and len(cpu) == 4096
 
 
-def test_the_step_is_opt_in_on_cuda(tiny_llama, monkeypatch):
-    """On CUDA the fused step runs only when SPECDEMO_FUSED_DECODER=1 asks (until a GPU run has measured it); 0 turns
-    it off everywhere."""
-    class OnCuda:
-        def __init__(self, model):
-            self._model = model
+def test_the_step_runs_on_cpu_and_cuda_unless_turned_off(tiny_llama, monkeypatch):
+    """The fused step is the default on the CPU and on CUDA (under ZeroGPU when asked), other devices decode through
+    transformers; SPECDEMO_FUSED_DECODER=0 turns it off everywhere."""
+    class OnDevice:
+        def __init__(self, model, device):
+            self._model, self._device = model, device
 
         def __getattr__(self, name):
             return getattr(self._model, name)
 
         def parameters(self):
-            yield types.SimpleNamespace(device=torch.device("cuda"))
+            yield types.SimpleNamespace(device=torch.device(self._device))
 
-    model = OnCuda(tiny_llama.model)
+    model, mps = OnDevice(tiny_llama.model, "cuda"), OnDevice(tiny_llama.model, "mps")
     monkeypatch.delenv("SPECDEMO_FUSED_DECODER", raising=False)
-    assert "SPECDEMO_FUSED_DECODER=1" in unsupported_reason(model) and unsupported_reason(tiny_llama.model) is None
+    assert unsupported_reason(model) is None and unsupported_reason(tiny_llama.model) is None
+    assert unsupported_reason(mps) == "on mps (the step is built for the CPU and CUDA)"
+    monkeypatch.setenv("SPACES_ZERO_GPU", "true")  # off under ZeroGPU unless asked
+    assert "ZeroGPU" in unsupported_reason(model) and unsupported_reason(tiny_llama.model) is None
     monkeypatch.setenv("SPECDEMO_FUSED_DECODER", "1")
     assert unsupported_reason(model) is None
     monkeypatch.setenv("SPECDEMO_FUSED_DECODER", "0")
