@@ -187,6 +187,7 @@ def embedded_dir(progress: bool = True) -> Path:
         hf_logging.enable_progress_bar()
     # a folder of this process's own: processes converting at once (test workers, the app beside a bench) never
     # write into each other's files, and the first complete folder renamed into place wins
+    remove_stale_conversions(out)
     tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -212,6 +213,27 @@ def embedded_dir(progress: bool = True) -> Path:
     index_tmp.write_text(json.dumps(known))
     index_tmp.replace(index)
     return out
+
+
+def remove_stale_conversions(out: Path) -> None:
+    """Remove the temporary folders of `out` that conversions killed part-way left (`<out>.tmp-<pid>` of a process
+    that no longer runs); a running conversion's folder stays."""
+    for folder in out.parent.glob(f"{out.name}.tmp*"):
+        if not _pid_alive(folder.name.rpartition("-")[2]):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _pid_alive(pid: str) -> bool:
+    """Whether the process `pid` (a folder-name suffix) still runs on this machine."""
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def decoder_features(out, layers: tuple[int, ...] = (), row: int = 0) -> torch.Tensor:

@@ -4,6 +4,7 @@ that one race with a message naming what failed, and the next request is served;
 options are checked once."""
 from __future__ import annotations
 
+import os
 import sys
 import types
 
@@ -147,3 +148,20 @@ def test_a_request_is_prepared_once_and_its_options_checked_once(monkeypatch):
     rec = dict(zip(RACE_OUTPUTS, outs[-1]))["record_state"]
     assert rec.status == "done" and len(prepared) == 1
     assert sorted(checked) == sorted(m for m in racing.modes())  # each method's options, once
+
+
+def test_a_conversion_killed_part_way_leaves_no_folder_behind(tmp_path):
+    """Each conversion of the embedded model writes its own `<out>.tmp-<pid>` folder, so processes converting at once
+    never share one; the next conversion removes those of processes that no longer run and keeps a running one's."""
+    import subprocess
+
+    from specdemo.target import remove_stale_conversions
+
+    out = tmp_path / "smollm2-135m-instruct-abc"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    for suffix in (f".tmp-{dead.pid}", f".tmp-{os.getpid()}", ".tmp"):
+        (tmp_path / (out.name + suffix)).mkdir()
+    (tmp_path / "other.tmp-1").mkdir()
+    remove_stale_conversions(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([out.name + f".tmp-{os.getpid()}", "other.tmp-1"])
