@@ -176,7 +176,7 @@ def embedded_dir(progress: bool = True) -> Path:
     known = json.loads(index.read_text()) if index.exists() else {}
     digest = known.get(stamp) or _file_hash(gguf)
     out = cache_root() / f"smollm2-135m-instruct-{digest}"
-    if (out / "model.safetensors").exists() and (out / "tokenizer.json").exists():
+    if _converted(out):
         return out
     from safetensors.torch import save_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -200,7 +200,7 @@ def embedded_dir(progress: bool = True) -> Path:
     model.generation_config.save_pretrained(tmp)
     save_model(model, str(tmp / "model.safetensors"))
     tok.save_pretrained(tmp)
-    if (out / "model.safetensors").exists() and (out / "tokenizer.json").exists():
+    if _converted(out):
         shutil.rmtree(tmp)  # another process finished first
     else:
         shutil.rmtree(out, ignore_errors=True)  # an incomplete folder left by an interrupted conversion
@@ -213,6 +213,11 @@ def embedded_dir(progress: bool = True) -> Path:
     index_tmp.write_text(json.dumps(known))
     index_tmp.replace(index)
     return out
+
+
+def _converted(folder: Path) -> bool:
+    """Whether `folder` holds a finished conversion (a conversion's folder is renamed into place whole)."""
+    return (folder / "model.safetensors").exists() and (folder / "tokenizer.json").exists()
 
 
 def remove_stale_conversions(out: Path) -> None:
