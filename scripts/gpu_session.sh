@@ -2,7 +2,8 @@
 # The long call of a session lent a GPU (docs/gpu/README.md): run there, in the repository root, after the kit's
 # earlier calls carried .gpukit/base and all but the last model part, with the last part carried by this call.
 #
-#   bash scripts/gpu_session.sh [SECONDS]     # SECONDS: the call's budget (default 540), inside the 600 s limit
+#   bash scripts/gpu_session.sh [SECONDS [STEP ...]]   # SECONDS: the call's budget (default 540), inside the
+#                                                      # 600 s limit; STEPs: run only these (default: all but s4c-train)
 #
 # The steps, in order of value, each under its own timeout and skipped when the budget left cannot hold it.  A step
 # that ends within its limit leaves a mark in /tmp/gpu_session.done, so a second call made while the machine is
@@ -18,7 +19,11 @@
 #                  Llama-1B/8B shapes bf16: $OUT/curves.jsonl;
 #   bf16-one-bucket  bf16 with every step in one 65-row bucket (batch-invariance by construction);
 #   layers-ab      the fp32 bench's modes through the transformers layer (SPECDEMO_FUSED_DECODER=0), the fused step's
-#                  comparison: $OUT/<gpu>_fp32_transformers_layer.json.
+#                  comparison: $OUT/<gpu>_fp32_transformers_layer.json;
+#   s4c-train      (named only) S4C's heads, one more pass over every corpus from the heads carried in
+#                  .gpukit/s4c-init (or the shipped ones), the target's features in 32k-token batches; what it does
+#                  not finish by its time budget it saves: $OUT/s4c_train.log, config.json, model.safetensors.0[01]
+#                  (split: a file comes back only under 16 MiB; `cat model.safetensors.0? > model.safetensors`).
 # The suite needs the embedded model converted before its 8 workers start: the datastore step converts it.
 # At most 8 files come back from $OUT: these steps write 8.  (fp32 sampling, measured on 2026-11-26: identical 1.00 in
 # every mode, is `$B --dtype float32 --methods $MODES --temperature 0.8 --top-p 0.9` when wanted again.)
@@ -26,6 +31,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUDGET=${1:-540}
+WANT=("${@:2}")
 END=$((SECONDS + BUDGET))
 DONE=/tmp/gpu_session.done
 mkdir -p "$DONE"
@@ -34,6 +40,8 @@ exec > >(tee -a "$OUT/session.log") 2>&1
 left() { echo $((END - SECONDS)); }
 step() {  # step NAME CAP COMMAND...: run under min(CAP, time left - 15 s reserve) unless done earlier, or skip
     local name=$1 cap=$2; shift 2
+    if [ ${#WANT[@]} -gt 0 ] && [[ " ${WANT[*]} " != *" $name "* ]]; then return 0; fi
+    if [ ${#WANT[@]} -eq 0 ] && [ "$name" = s4c-train ]; then return 0; fi
     if [ -f "$DONE/$name" ]; then echo "== $name: done in an earlier call" >&2; return 0; fi
     local t; t=$(( $(left) - 15 )); [ "$t" -gt "$cap" ] && t=$cap
     if [ "$t" -lt 30 ]; then echo "== $name: skipped ($(left) s left)" >&2; return 1; fi
@@ -69,4 +77,16 @@ step bf16-one-bucket 90 env SPECDEMO_STATIC_BUCKETS=64 $B --dtype bfloat16 --met
     --json "$OUT/${GPU}_bf16_one_bucket.json"
 step layers-ab 110 env SPECDEMO_FUSED_DECODER=0 $B --dtype float32 --methods $MODES \
     --json "$OUT/${GPU}_fp32_transformers_layer.json"
+INIT=/tmp/gpukit/s4c-init; [ -f $INIT/model.safetensors ] || INIT=assets/s4c/smollm2-135m-instruct
+CORPORA="assets/corpus/selfdistill.jsonl.gz assets/corpus/sharegpt_distill.jsonl.gz assets/corpus/code_distill.jsonl.gz
+    assets/corpus/tasks_distill.jsonl.gz assets/corpus/sharegpt/shard-00[0-7].jsonl.gz"
+# the time budget (features included) ends 40 s before the step's limit: the held-out evaluation and the save follow it
+S4C_CAP=$(( $(left) - 30 )); S4C_MIN=$(python3 -c "print(round(max($S4C_CAP - 55, 60) / 60, 2))")
+step s4c-train "$S4C_CAP" bash -c "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 python3 -m specdemo train s4c --model embedded \
+    --device cuda --init $INIT --data $(echo $CORPORA) --first 0 1600 0 0 0 0 0 0 0 0 0 0 --out /tmp/s4c_gpu \
+    --epochs 2 --minutes $S4C_MIN --batch-size 32 --lr 3e-4 --warmup 20 --autocast bf16 --feature-batch-tokens 32768 \
+    --log-every 20 --eval-every 100000 --ckpt-every 50 > $OUT/s4c_train.log 2>&1"
+if [ -f /tmp/s4c_gpu/model.safetensors ]; then
+    cp /tmp/s4c_gpu/config.json "$OUT/" && split -b 12M -d -a 2 /tmp/s4c_gpu/model.safetensors "$OUT/model.safetensors."
+fi
 ls -la "$OUT"
