@@ -20,7 +20,7 @@
 #   bf16-one-bucket  bf16 with every step in one 65-row bucket (batch-invariance by construction);
 #   layers-ab      the fp32 bench's modes through the transformers layer (SPECDEMO_FUSED_DECODER=0), the fused step's
 #                  comparison: $OUT/<gpu>_fp32_transformers_layer.json;
-#   s4c-train      (named only) S4C's heads, one more pass over every corpus from the heads carried in
+#   s4c-train      (named only) S4C's heads, two epochs over every corpus from the heads carried in
 #                  .gpukit/s4c-init (or the shipped ones), the target's features in 32k-token batches; what it does
 #                  not finish by its time budget it saves: $OUT/s4c_train.log, config.json, model.safetensors.0[01]
 #                  (split: a file comes back only under 16 MiB; `cat model.safetensors.0? > model.safetensors`).
