@@ -24,6 +24,9 @@
 #                  .gpukit/s4c-init (or the shipped ones), the target's features in 32k-token batches; what it does
 #                  not finish by its time budget it saves: $OUT/s4c_train.log, config.json, model.safetensors.0[01]
 #                  (split: a file comes back only under 16 MiB; `cat model.safetensors.0? > model.safetensors`).
+#   sdsat-train    (named only) SDSAT's adapter, warm-started from the shipped one, over every corpus: 32 sequences a
+#                  step in one forward (`--batch`), bf16 autocast; what it does not finish by its time budget it
+#                  saves: $OUT/sdsat_train.log and the adapter's four files (assets/sdsat/embedded/).
 # The suite needs the embedded model converted before its 8 workers start: the datastore step converts it.
 # At most 8 files come back from $OUT: these steps write 8.  (fp32 sampling, measured on 2026-11-26: identical 1.00 in
 # every mode, is `$B --dtype float32 --methods $MODES --temperature 0.8 --top-p 0.9` when wanted again.)
@@ -41,7 +44,7 @@ left() { echo $((END - SECONDS)); }
 step() {  # step NAME CAP COMMAND...: run under min(CAP, time left - 15 s reserve) unless done earlier, or skip
     local name=$1 cap=$2; shift 2
     if [ ${#WANT[@]} -gt 0 ] && [[ " ${WANT[*]} " != *" $name "* ]]; then return 0; fi
-    if [ ${#WANT[@]} -eq 0 ] && [ "$name" = s4c-train ]; then return 0; fi
+    if [ ${#WANT[@]} -eq 0 ] && [[ "$name" == *-train ]]; then return 0; fi
     if [ -f "$DONE/$name" ]; then echo "== $name: done in an earlier call" >&2; return 0; fi
     local t; t=$(( $(left) - 15 )); [ "$t" -gt "$cap" ] && t=$cap
     if [ "$t" -lt 30 ]; then echo "== $name: skipped ($(left) s left)" >&2; return 1; fi
@@ -80,7 +83,7 @@ step layers-ab 110 env SPECDEMO_FUSED_DECODER=0 $B --dtype float32 --methods $MO
 INIT=/tmp/gpukit/s4c-init; [ -f $INIT/model.safetensors ] || INIT=assets/s4c/smollm2-135m-instruct
 CORPORA="assets/corpus/selfdistill.jsonl.gz assets/corpus/sharegpt_distill.jsonl.gz assets/corpus/code_distill.jsonl.gz
     assets/corpus/tasks_distill.jsonl.gz assets/corpus/sharegpt/shard-00[0-7].jsonl.gz"
-# the time budget (features included) ends 40 s before the step's limit: the held-out evaluation and the save follow it
+# the time budget (features included) ends 55 s before the step's limit: the held-out evaluation and the save follow it
 S4C_CAP=$(( $(left) - 30 )); S4C_MIN=$(python3 -c "print(round(max($S4C_CAP - 55, 60) / 60, 2))")
 step s4c-train "$S4C_CAP" bash -c "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 python3 -m specdemo train s4c --model embedded \
     --device cuda --init $INIT --data $(echo $CORPORA) --first 0 1600 0 0 0 0 0 0 0 0 0 0 --out /tmp/s4c_gpu \
@@ -89,4 +92,14 @@ step s4c-train "$S4C_CAP" bash -c "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 python3 -m
 if [ -f /tmp/s4c_gpu/model.safetensors ]; then
     cp /tmp/s4c_gpu/config.json "$OUT/" && split -b 12M -d -a 2 /tmp/s4c_gpu/model.safetensors "$OUT/model.safetensors."
 fi
+# SDSAT's run 4 took 1.2 s a step of 8 sequences, one forward pair each; here a step's 32 go through in one pair
+SDSAT_CAP=$(( $(left) - 30 )); SDSAT_MIN=$(python3 -c "print(round(max($SDSAT_CAP - 60, 60) / 60, 2))")
+step sdsat-train "$SDSAT_CAP" bash -c "python3 -m specdemo train sdsat --model embedded --device cuda \
+    --init assets/sdsat/embedded --data $(echo $CORPORA) --out /tmp/sdsat_gpu --targets gate_proj,up_proj --L 3 \
+    --rank 16 --alpha 16 --lr 5e-4 --warmup 10 --steps 100000 --minutes $SDSAT_MIN --seqs-per-step 32 --batch 32 \
+    --autocast bf16 --rate 0.3 --max-probes 320 --heldout-max 64 --eval-every 100000 --ckpt-every 50 --seed 5 \
+    > $OUT/sdsat_train.log 2>&1"
+for f in adapter_model.safetensors adapter_config.json sdsat_embedding.safetensors sdsat_config.json; do
+    [ -f /tmp/sdsat_gpu/$f ] && cp /tmp/sdsat_gpu/$f "$OUT/"
+done
 ls -la "$OUT"

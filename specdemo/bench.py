@@ -167,7 +167,18 @@ def _device_name(target: Target) -> str:
     if target.device.type == "cuda":
         return torch.cuda.get_device_name(target.device)
     kernels = ", oneDNN packed linears" if target.packed_linears else ""
-    return f"cpu ({torch.get_num_threads()} threads{kernels})"
+    name = " ".join(["cpu", _cpu_model()]).strip()
+    return f"{name} ({torch.get_num_threads()} threads{kernels})"
+
+
+def _cpu_model() -> str:
+    """The processor's name as the kernel reports it (speedups depend on it: the tables say which CPU they are
+    from); empty where /proc/cpuinfo is not there."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        return ""
 
 
 def format_table(result: dict) -> str:

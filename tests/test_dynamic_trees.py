@@ -213,3 +213,29 @@ def test_the_cost_curve_script_measures_a_random_model_from_its_shape_alone():
     row = json.loads(out.stdout.strip().splitlines()[-1])
     assert row["model"] == "random tiny" and row["dtype"] == "float32"
     assert set(row["ms"]) == {"0", "2", "8"} and row["relative"]["0"] == 1.0 and all(v > 0 for v in row["ms"].values())
+
+
+@pytest.mark.slow
+def test_s4c_skips_head_calls_whose_nodes_the_cut_would_drop(embedded, monkeypatch):
+    """With a steep cost curve (4-bit weights: each 4 more rows cost about another step) the deeper heads' calls
+    whose nodes could not pay are skipped: fewer calls, and every step sends the tree it sends with every head run."""
+    import specdemo.drafters.s4c.drafter as s4c
+
+    steep = {0: 1.0, 1: 1.11, 2: 1.19, 4: 1.6, 8: 2.14, 16: 3.2}
+    calibrated = s4c.calibrated_cost
+    monkeypatch.setattr(s4c, "calibrated_cost", lambda *a, **k: (calibrated(*a, **k)[0], steep))
+    prompt = embedded.encode_prompt("Explain in three sentences how a refrigerator keeps food cold.")
+    cfg = GenerationConfig(max_new_tokens=40)
+    runs = {}
+    for skipping in (True, False):
+        drafter = make_drafter("s4c", embedded, dynamic=True)
+        calls = []
+        run_head = drafter._run_head
+        drafter._run_head = lambda h, *a, run_head=run_head, calls=calls: calls.append(h) or run_head(h, *a)
+        if not skipping:
+            drafter._deeper_may_pay = lambda *a: True
+        out, events = run_to_end(embedded, prompt, drafter, cfg)
+        runs[skipping] = (out, [(e.tree.tokens, e.tree.parents) for e in events], calls)
+    (out, trees, calls), (out_all, trees_all, calls_all) = runs[True], runs[False]
+    assert out == out_all and trees == trees_all
+    assert len(calls) < len(calls_all) and calls.count(0) == calls_all.count(0)

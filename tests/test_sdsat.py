@@ -23,13 +23,8 @@ from specdemo.engine import GenerationConfig, run_to_end
 from specdemo.verify import tree_forward
 from specdemo.kvcache import KVCache
 from specdemo.offline.corpus import read_records
-from specdemo.offline.train_sdsat import (
-    TrainConfig,
-    build_probes,
-    evaluate,
-    probe_logits,
-    train,
-)
+from specdemo.offline.sdsat_probes import build_probes, probe_logits, probe_logits_and_targets
+from specdemo.offline.train_sdsat import TrainConfig, evaluate, train
 from specdemo.sampling import SamplingConfig
 from specdemo.tree import DraftTree, TreeBuffers
 
@@ -133,8 +128,6 @@ def test_soft_targets_are_the_original_models_next_token_distributions(tiny_llam
     """The soft labels of every chain row are the frozen model's own distribution at the label's position (a full
     forward over the clean sequence gives the same), the chains' logits do not change with the longer clean context
     it takes, and a weight outside 0..1 is refused with the range."""
-    from specdemo.offline.train_sdsat import TrainConfig, probe_logits_and_targets, train
-
     ad = _noisy_adapter(tiny_llama, seed=2)
     torch.manual_seed(5)
     seq = torch.randint(100, 5000, (20,)).tolist()
@@ -154,7 +147,7 @@ def test_soft_targets_are_the_original_models_next_token_distributions(tiny_llam
 def test_soft_label_training_moves_the_chains_toward_the_models_distribution(tiny_llama):
     """`--soft-weight 1`: the trainer's own sequence loss lowers the CE of the chains against the original model's
     distribution."""
-    from specdemo.offline.train_sdsat import TrainConfig, _sequence_loss, probe_logits_and_targets
+    from specdemo.offline.train_sdsat import _chains_loss, _draw_chains
 
     t = tiny_llama
     prompt = t.encode_prompt(PROMPTS[0])
@@ -171,9 +164,55 @@ def test_soft_label_training_moves_the_chains_toward_the_models_distribution(tin
     before, opt, rng = soft_ce(), torch.optim.AdamW(ad.parameters(), lr=1e-2), random.Random(0)
     for _ in range(12):
         opt.zero_grad()
-        _sequence_loss(t.model, ad, cfg, rec, rng)
+        _chains_loss(t.model, ad, cfg, [(rec, _draw_chains(cfg, rec, rng, ad.token_id))])
         opt.step()
     assert soft_ce() < 0.8 * before
+
+
+@pytest.mark.parametrize("soft", [False, True])
+def test_chains_of_several_sequences_in_one_forward_equal_one_sequence_at_a_time(tiny_llama, soft):
+    """Sequences of different lengths and chain counts batched (clean contexts padded on the right, padding chain
+    rows): every sequence's logits and soft labels, the step's gradients and the held-out numbers equal those of one
+    sequence per forward, to float round-off; a batch below 1 is refused with its range."""
+    from specdemo.offline.sdsat_probes import probe_logits_many
+    from specdemo.offline.train_sdsat import _chains_loss
+
+    t = tiny_llama
+    ad = _noisy_adapter(t, seed=3, std=0.05)
+    ad.requires_grad_(True)
+    g = torch.Generator().manual_seed(6)
+    recs = []
+    for n_prompt, n_answer in ((5, 9), (11, 23), (3, 4)):
+        ids = torch.randint(100, 5000, (n_prompt + n_answer,), generator=g).tolist()
+        recs.append({"id": f"r{n_prompt}", "prompt_ids": ids[:n_prompt], "answer_ids": ids[n_prompt:]})
+    seqs = [r["prompt_ids"] + r["answer_ids"] for r in recs]
+    rng = random.Random(1)
+    chains = [build_probes(s, len(r["prompt_ids"]), 3, 0.6, rng, 40, ad.token_id) for s, r in zip(seqs, recs)]
+    assert len({len(b[0]) for b in chains}) == 3  # three different chain counts: padding rows are exercised
+    many = probe_logits_many(t.model, ad, seqs, chains, grad=False, soft=soft)
+    for s, b, (logits, targets) in zip(seqs, chains, many):
+        one, one_targets = probe_logits_and_targets(t.model, ad, s, b, grad=False, soft=soft)
+        torch.testing.assert_close(logits, one, rtol=1e-4, atol=1e-4)
+        if soft:
+            torch.testing.assert_close(targets, one_targets, rtol=1e-4, atol=1e-6)
+    cfg = TrainConfig(L=3, seqs_per_step=3, soft_weight=0.5 if soft else 0.0)
+    drawn = list(zip(recs, chains))
+
+    def grads(groups):
+        ad.zero_grad(set_to_none=True)
+        losses = [x for part in groups for x in _chains_loss(t.model, ad, cfg, part)]
+        return losses, {k: p.grad.clone() for k, p in ad.named_parameters()}
+
+    losses_one, grads_one = grads([[d] for d in drawn])
+    losses_all, grads_all = grads([drawn])
+    assert losses_all == pytest.approx(losses_one, rel=1e-4)
+    for k in grads_one:
+        torch.testing.assert_close(grads_all[k], grads_one[k], rtol=1e-3, atol=1e-6)
+    together, apart = evaluate(t.model, ad, recs, 3, batch=3), evaluate(t.model, ad, recs, 3)
+    assert together["loss"] == pytest.approx(apart["loss"], rel=1e-4)
+    assert {k: v for k, v in together.items() if k != "loss"} == {k: v for k, v in apart.items() if k != "loss"}
+    with pytest.raises(ValueError, match="at least 1"):
+        train(TrainConfig(batch=0))
 
 
 def test_training_steps_reduce_adaptive_loss(tiny_llama):

@@ -67,18 +67,40 @@ def probe_logits_and_targets(model, adapter: SDSATAdapter, seq: list[int], batch
     """`probe_logits`, and with `soft` the original model's next-token distribution (N, V) for every chain row's
     label: the clean forward's at the label's position (row j of the chain at p: position p + j), read from the
     same clean forward (then run up to the last such position; the chains' mask hides the extra context)."""
+    return probe_logits_many(model, adapter, [seq], [batch], grad, soft)[0]
+
+
+def probe_logits_many(model, adapter: SDSATAdapter, seqs: list[list[int]], batches: list, grad: bool,
+                      soft: bool) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """`probe_logits_and_targets` for several clean sequences in two forwards (a clean one without gradient, then one
+    of every sequence's chains): one sequence per batch row, the clean contexts padded on the right (a causal model's
+    real positions never see the padding) and the chains padded with rows that see only themselves.  On a GPU this is
+    what keeps the trainer from launching two small forwards per sequence; the logits equal the one-sequence calls'
+    to float round-off."""
     from transformers import DynamicCache
 
-    ids, pos, _, _, org, ctx_len = batch
     decoder, head = model.get_decoder(), model.get_output_embeddings()
-    dev = adapter.embedding.device
-    ctx = int(pos.max()) + 1 if soft else ctx_len
+    dev, dtype = adapter.embedding.device, adapter.embedding.dtype
+    ctxs = [int(b[1].max()) + 1 if soft else b[5] for b in batches]
+    counts = [len(b[0]) for b in batches]
+    c, n = max(ctxs), max(counts)
+    clean_ids = torch.zeros(len(seqs), c, dtype=torch.long)
+    for i, (seq, ctx) in enumerate(zip(seqs, ctxs)):
+        clean_ids[i, :ctx] = torch.tensor(seq[:ctx])
+    ids = torch.full((len(seqs), n), adapter.token_id, dtype=torch.long)
+    pos = torch.zeros(len(seqs), n, dtype=torch.long)
+    mask = torch.full((len(seqs), 1, n, c + n), torch.finfo(dtype).min, dtype=dtype)
+    mask[:, 0, :, c:] = torch.eye(n, dtype=dtype).sub_(1).mul_(-torch.finfo(dtype).min)  # padding rows: themselves
+    for i, (b, ctx, k) in enumerate(zip(batches, ctxs, counts)):
+        pos[i, :k] = b[1]
+        rows = probe_mask(b[1], b[4], ctx, dtype)[0, 0]
+        mask[i, 0, :k, :ctx], mask[i, 0, :k, c : c + k] = rows[:, :ctx], rows[:, ctx:]
     cache = DynamicCache()
-    with torch.no_grad():  # the frozen original model over the clean context (adapter off)
-        clean = decoder(input_ids=torch.tensor([seq[:ctx]], device=dev), past_key_values=cache, use_cache=True)
-        targets = head(clean.last_hidden_state[0, pos.to(dev)]).float().softmax(-1) if soft else None
-    mask = probe_mask(pos, org, ctx, adapter.embedding.dtype).to(dev)
+    with torch.no_grad():  # the frozen original model over the clean contexts (adapter off)
+        clean = decoder(input_ids=clean_ids.to(dev), past_key_values=cache, use_cache=True).last_hidden_state
+        targets = [head(clean[i, b[1].to(dev)]).float().softmax(-1) if soft else None for i, b in enumerate(batches)]
     with torch.set_grad_enabled(grad), adapter.active(None):
-        h = decoder(input_ids=torch.tensor([ids], device=dev), attention_mask=mask,
-                    position_ids=pos.unsqueeze(0).to(dev), past_key_values=cache, use_cache=True).last_hidden_state[0]
-    return head(h), targets
+        h = decoder(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
+                    past_key_values=cache, use_cache=True).last_hidden_state
+        logits = head(torch.cat([h[i, :k] for i, k in enumerate(counts)])).split(counts)
+    return list(zip(logits, targets))

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from specdemo.drafters.sdsat.adapter import DEFAULT_TARGETS, SDSATAdapter, default_token_id, load_adapter
 from specdemo.offline import corpus, train_loop
-from specdemo.offline.sdsat_probes import build_probes, probe_logits, probe_logits_and_targets
+from specdemo.offline.sdsat_probes import build_probes, probe_logits_many
 from specdemo.target import Target, load_target
 
 
@@ -36,41 +36,37 @@ def split_records(paths: list[str | Path], heldout_max: int, max_seq: int) -> tu
 
 
 @torch.no_grad()
-def evaluate(model, adapter: SDSATAdapter, records: list[dict], L: int, max_probes: int = 384) -> dict:
+def evaluate(model, adapter: SDSATAdapter, records: list[dict], L: int, max_probes: int = 384,
+             batch: int = 1) -> dict:
     """Held-out acceptance: per-depth top-1 hit of adaptive positions vs the original model's greedy tokens, and the
-    mean run of consecutive hits from depth 1 (= accepted drafts per chain)."""
+    mean run of consecutive hits from depth 1 (= accepted drafts per chain); `batch` sequences per forward."""
     hits = torch.zeros(L)
     counts = torch.zeros(L)
     top5 = torch.zeros(L)
     runs, loss_sum, n_tok = [], 0.0, 0
+    drawn = []
     for r in records:
         seq = r["prompt_ids"] + r["answer_ids"]
         b = build_probes(seq, len(r["prompt_ids"]), L, 1.0, None, max_probes, adapter.token_id)
-        if b is None:
-            continue
-        logits = probe_logits(model, adapter, seq, b, grad=False).float()
-        _, _, lab, dep, org, _ = b
-        lab, dep = lab.to(logits.device), dep.to(logits.device)
-        loss_sum += F.cross_entropy(logits, lab, reduction="sum").item()
-        n_tok += len(lab)
-        hit = logits.argmax(-1) == lab
-        in5 = (logits.topk(5, dim=-1).indices == lab[:, None]).any(-1)
-        for d in range(1, L + 1):
-            sel = dep == d
-            hits[d - 1] += hit[sel].sum().item()
-            top5[d - 1] += in5[sel].sum().item()
-            counts[d - 1] += sel.sum().item()
-        cur_org, run, alive = None, 0, True
-        for o, h in zip(org.tolist(), hit.tolist()):
-            if o != cur_org:
-                if cur_org is not None:
-                    runs.append(run)
-                cur_org, run, alive = o, 0, True
-            if alive and h:
-                run += 1
-            else:
-                alive = False
-        runs.append(run)
+        if b is not None:
+            drawn.append((seq, b))
+    for k in range(0, len(drawn), max(1, batch)):
+        part = drawn[k : k + max(1, batch)]
+        outs = probe_logits_many(model, adapter, [s for s, _ in part], [b for _, b in part], grad=False, soft=False)
+        for (_, b), (logits, _) in zip(part, outs):
+            logits = logits.float()
+            _, _, lab, dep, org, _ = b
+            lab, dep = lab.to(logits.device), dep.to(logits.device)
+            loss_sum += F.cross_entropy(logits, lab, reduction="sum").item()
+            n_tok += len(lab)
+            hit = logits.argmax(-1) == lab
+            in5 = (logits.topk(5, dim=-1).indices == lab[:, None]).any(-1)
+            for d in range(1, L + 1):
+                sel = dep == d
+                hits[d - 1] += hit[sel].sum().item()
+                top5[d - 1] += in5[sel].sum().item()
+                counts[d - 1] += sel.sum().item()
+            runs += _accepted_runs(org.tolist(), hit.tolist())
     c = counts.clamp_min(1)
     mean_run = sum(runs) / max(1, len(runs))
     return {"loss": loss_sum / max(1, n_tok), "tokens": int(n_tok),
@@ -78,6 +74,21 @@ def evaluate(model, adapter: SDSATAdapter, records: list[dict], L: int, max_prob
             "top5_by_depth": [round(x, 4) for x in (top5 / c).tolist()],
             "mean_accepted_run": round(mean_run, 4),
             "est_tau_fused": round(1 + mean_run, 3), "est_tau_paper": round((2 + mean_run) / 2, 3)}
+
+
+def _accepted_runs(origins: list[int], hits: list[bool]) -> list[int]:
+    """Per chain (rows grouped by origin, in order), its consecutive top-1 hits from depth 1."""
+    runs, cur, run, alive = [], None, 0, True
+    for o, h in zip(origins, hits):
+        if o != cur:
+            if cur is not None:
+                runs.append(run)
+            cur, run, alive = o, 0, True
+        if alive and h:
+            run += 1
+        else:
+            alive = False
+    return runs + [run]
 
 
 @dataclass
@@ -93,6 +104,8 @@ class TrainConfig:
     warmup: int = 20
     steps: int = 400
     seqs_per_step: int = 2
+    batch: int = 1  # sequences per forward: a step's sequences go through in forwards of this many
+    autocast: str = "none"  # "bf16": the chains' forward and backward in bf16 autocast (a GPU's fast path)
     rate: float = 0.3
     soft_weight: float = 0.0  # weight of the soft-label term (CE against the original model's distribution)
     max_probes: int = 320
@@ -129,24 +142,29 @@ def _make_adapter(cfg: TrainConfig, target, resuming: bool, log) -> SDSATAdapter
     return adapter
 
 
-def _sequence_loss(model, adapter: SDSATAdapter, cfg: TrainConfig, r: dict, rng: random.Random,
-                   mine: bool = True) -> tuple[float | None, int]:
-    """Back-propagate one clean sequence's adaptive-chain loss (scaled for the step's average); returns the loss and
-    the number of adaptive tokens it trained (0: nothing to train on).  A sequence another data-parallel process
-    trains (`mine` False) still draws its probes, so that every process's generator stays in step."""
+def _draw_chains(cfg: TrainConfig, r: dict, rng: random.Random, token_id: int):
+    """One clean sequence's adaptive chains (build_probes), drawn with the run's generator; None: nothing to train."""
     seq = r["prompt_ids"] + r["answer_ids"]
-    b = build_probes(seq, len(r["prompt_ids"]), cfg.L, cfg.rate, rng, cfg.max_probes, adapter.token_id)
-    if b is None:
-        return 0.0, 0
-    if not mine:
-        return None, len(b[0])
-    logits, soft = probe_logits_and_targets(model, adapter, seq, b, grad=True, soft=cfg.soft_weight > 0)
-    logp = logits.float().log_softmax(-1)
-    loss = F.nll_loss(logp, b[2].to(logits.device))
-    if soft is not None:  # the original model's whole distribution, not only its greedy token
-        loss = (1 - cfg.soft_weight) * loss - cfg.soft_weight * (soft * logp).sum(-1).mean()
-    (loss / cfg.seqs_per_step).backward()
-    return loss.item(), len(b[0])
+    return build_probes(seq, len(r["prompt_ids"]), cfg.L, cfg.rate, rng, cfg.max_probes, token_id)
+
+
+def _chains_loss(model, adapter: SDSATAdapter, cfg: TrainConfig, drawn: list[tuple[dict, tuple]]) -> list[float]:
+    """Back-propagate the adaptive-chain loss of the sequences in `drawn` ((record, chains) pairs, one forward of
+    them all), each sequence's mean loss scaled for the step's average; returns those losses."""
+    seqs = [r["prompt_ids"] + r["answer_ids"] for r, _ in drawn]
+    chains = [b for _, b in drawn]
+    dev = adapter.embedding.device
+    with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cfg.autocast == "bf16"):
+        outs = probe_logits_many(model, adapter, seqs, chains, grad=True, soft=cfg.soft_weight > 0)
+    losses = []
+    for (logits, soft), b in zip(outs, chains):
+        logp = logits.float().log_softmax(-1)
+        loss = F.nll_loss(logp, b[2].to(dev))
+        if soft is not None:  # the original model's whole distribution, not only its greedy token
+            loss = (1 - cfg.soft_weight) * loss - cfg.soft_weight * (soft * logp).sum(-1).mean()
+        losses.append(loss)
+    (torch.stack(losses).sum() / cfg.seqs_per_step).backward()
+    return [x.item() for x in losses]
 
 
 def _epoch(cfg: TrainConfig, rng: random.Random, log) -> tuple[list[dict], list[dict], list[dict]]:
@@ -206,7 +224,7 @@ class _Run:
 
     def heldout(self) -> dict:
         """Held-out acceptance now, recorded in the history and the log."""
-        m = evaluate(self.target.model, self.adapter, self.held, self.cfg.L)
+        m = evaluate(self.target.model, self.adapter, self.held, self.cfg.L, batch=self.cfg.batch)
         self.prog.history.append({"step": self.prog.step, "eval": m})
         self.log(f"step {self.prog.step} held-out: {json.dumps(m)}")
         return m
@@ -215,6 +233,8 @@ class _Run:
 def train(cfg: TrainConfig, resume: bool = False, log=print) -> dict:
     if not 0.0 <= cfg.soft_weight <= 1.0:
         raise ValueError(f"--soft-weight must be in 0..1 (0: the greedy token alone), got {cfg.soft_weight}")
+    if cfg.batch < 1:
+        raise ValueError(f"--batch must be at least 1 (sequences per forward), got {cfg.batch}")
     train_loop.seed_everything(cfg.seed, cfg.threads)
     ddp = train_loop.DataParallel()
     log = log if ddp.is_main else (lambda msg: None)
@@ -263,24 +283,29 @@ def _start(cfg: TrainConfig, target, out: Path, resumed: dict | None, log, ddp: 
 
 def _optimise(run: _Run) -> None:
     """Optimizer steps until cfg.steps or the time budget: each step accumulates the adaptive-chain loss of
-    cfg.seqs_per_step sequences (a new epoch re-reads the corpus), then the cosine schedule's step; the mean loss is
-    logged every 5 steps, held-out numbers taken every eval_every, checkpoints saved every ckpt_every."""
+    cfg.seqs_per_step sequences, in forwards of cfg.batch (a new epoch re-reads the corpus), then the cosine
+    schedule's step; the mean loss is logged every 5 steps, held-out numbers taken every eval_every, checkpoints
+    saved every ckpt_every."""
     cfg, prog, log, ddp = run.cfg, run.prog, run.log, run.ddp
     win_loss, win_n, t_last = 0.0, 0, time.time()
     while prog.step < cfg.steps and not ddp.any(run.clock.over()):
         run.opt.zero_grad(set_to_none=True)
-        step_loss, step_n = 0.0, 0
-        for j in range(cfg.seqs_per_step):  # under data parallelism, process k trains sequences k, k + N, ...
+        mine = []  # this process's sequences and their chains; every process draws every sequence's chains, so
+        for j in range(cfg.seqs_per_step):  # that their generators stay in step (process k trains k, k + N, ...)
             if not run.order:
                 run.train_recs, run.held, run.order = _epoch(cfg, run.rng, log)
             r = run.order.pop()
-            loss, n_probe = _sequence_loss(run.target.model, run.adapter, cfg, r, run.rng,
-                                           mine=j % ddp.world == ddp.rank)
-            if n_probe:
-                if loss is not None:  # this process's own sequence
-                    step_loss, step_n = step_loss + loss, step_n + 1
-                prog.seen_tokens += len(r["prompt_ids"]) + len(r["answer_ids"])
-                prog.probe_tokens += n_probe
+            chains = _draw_chains(cfg, r, run.rng, run.adapter.token_id)
+            if chains is None:
+                continue
+            prog.seen_tokens += len(r["prompt_ids"]) + len(r["answer_ids"])
+            prog.probe_tokens += len(chains[0])
+            if j % ddp.world == ddp.rank:
+                mine.append((r, chains))
+        losses = []
+        for k in range(0, len(mine), max(1, cfg.batch)):
+            losses += _chains_loss(run.target.model, run.adapter, cfg, mine[k : k + max(1, cfg.batch)])
+        step_loss, step_n = sum(losses), len(losses)
         ddp.sum_gradients(run.adapter.parameters())
         lr = train_loop.cosine_lr(prog.step, cfg.lr, cfg.warmup, cfg.steps, cfg.min_lr_ratio, run.clock.spent())
         train_loop.optimizer_step(run.opt, None, lr)
@@ -306,7 +331,7 @@ def _final_heldout(run: _Run) -> dict | None:
     final = last["eval"] if last.get("step") == run.prog.step and "eval" in last else run.heldout()
     if final:
         final.update(train_loop.heldout_by_source(
-            run.held, lambda part: evaluate(run.target.model, run.adapter, part, run.cfg.L)))
+            run.held, lambda part: evaluate(run.target.model, run.adapter, part, run.cfg.L, batch=run.cfg.batch)))
     return final
 
 
@@ -321,13 +346,15 @@ def register_train(subparsers) -> None:
     p.add_argument("--dtype", default=d.dtype)
     p.add_argument("--out", default=d.out, help="output folder (artifact + checkpoint.pt)")
     p.add_argument("--L", type=int, default=d.L, help="adaptive chain length in training (max draft depth)")
-    for name in ("rank", "alpha", "lr", "warmup", "steps", "seqs_per_step", "heldout_max", "eval_every", "ckpt_every",
-                 "seed", "threads", "max_seq"):
+    for name in ("rank", "alpha", "lr", "warmup", "steps", "seqs_per_step", "batch", "heldout_max", "eval_every",
+                 "ckpt_every", "seed", "threads", "max_seq"):
         p.add_argument("--" + name.replace("_", "-"), type=type(getattr(d, name)), default=getattr(d, name))
     p.add_argument("--rate", type=float, default=d.rate, help="fraction of answer positions that start a chain")
     p.add_argument("--soft-weight", type=float, default=d.soft_weight,
                    help="0..1: weight of CE against the original model's next-token distribution (the rest: its "
                         "greedy token)")
+    p.add_argument("--autocast", choices=("none", "bf16"), default=d.autocast,
+                   help="bf16: the chains' forward and backward in bf16 autocast (fp32 weights and optimizer; GPUs)")
     p.add_argument("--max-probes", type=int, default=d.max_probes, help="adaptive tokens per sequence at most")
     p.add_argument("--minutes", type=float, default=d.minutes, help="stop (and export) after this long; 0 = off")
     p.add_argument("--targets", default=",".join(d.targets),

@@ -109,6 +109,7 @@ class S4CDrafter(Drafter):
         self.calibrator, self.rel_cost = None, None
         self.tally = DepthTally(self.n_heads)
         self._last_depths: list[int] = []
+        self._graft: tuple[int, list[int]] = (0, [])
 
     # ------------------------------------------------------------------ state
     def begin(self, state: DecodeState, prompt_hidden: torch.Tensor | None) -> None:
@@ -196,6 +197,9 @@ class S4CDrafter(Drafter):
         if self.n_features != n or n < 1:
             return DraftTree.empty()
         grow = {"s4c": self._grow_s4c, "chain": self._grow_chain, "eagle": self._grow_eagle}[self.tree_kind]
+        # prompt lookup's continuation, looked up once: the deeper heads' check weighs it too
+        self._graft = lookup_with_ngram_length(state.tokens, min(self.prompt_lookup, self.budget - 1), max_ngram=3,
+                                               min_ngram=1) if self.prompt_lookup > 0 else (0, [])
         with varying_shape_attention():
             nodes, vertical = grow(state, n)
         return self._finish(state, nodes, vertical)
@@ -214,9 +218,9 @@ class S4CDrafter(Drafter):
         its head's top-k other tokens (which are not extended)."""
         nodes = self._depth1(state, n, max(self.topk, width) if alternatives else width)
         vertical = set(range(width))
-        frontier = [] if self._skip_deeper(nodes) else list(range(width))
+        frontier = list(range(width))
         for depth in self._deeper_depths(state, n):
-            if not frontier:
+            if not frontier or not self._deeper_may_pay(nodes, frontier, depth):
                 break
             ranked = self._children(state, n, nodes, frontier, depth)
             next_frontier = []
@@ -235,9 +239,9 @@ class S4CDrafter(Drafter):
         cumulative log-prob are expanded next.  No chain is kept first."""
         k = self.topk
         nodes = self._depth1(state, n, k)
-        frontier = [] if self._skip_deeper(nodes) else list(range(len(nodes)))
+        frontier = list(range(len(nodes)))
         for depth in self._deeper_depths(state, n):
-            if not frontier:
+            if not frontier or not self._deeper_may_pay(nodes, frontier, depth):
                 break
             ranked = self._children(state, n, nodes, frontier, depth)
             for i, (toks, lps) in zip(frontier, ranked):
@@ -254,9 +258,21 @@ class S4CDrafter(Drafter):
         toks, lps = self._dist(self.head_outputs[0][n - 1 : n], max(self.topk, 2))
         return [_Node(tok, -1, 1, lp) for tok, lp in zip(toks[0], lps[0])][:width]
 
-    def _skip_deeper(self, nodes: list[_Node]) -> bool:
-        """Whether the deeper heads' calls can be skipped: even sure children could not pay for this step."""
-        return self.rel_cost is not None and self._not_worth_deeper(nodes[0].logp)
+    def _deeper_may_pay(self, nodes: list[_Node], frontier: list[int], depth: int) -> bool:
+        """Whether a node at `depth` or deeper could survive this step's cut (budget.cut_to_cost).  Such a node's
+        calibrated acceptance is at most its head's table at the best frontier path's probability (paths only lose
+        probability; the tables are isotonic), so a budget of such nodes beside the tree so far and the graft bounds
+        every deeper tree: when even they are cut, the head calls are skipped.  Fixed trees run every head."""
+        if self.rel_cost is None:
+            return True
+        raw = [math.exp(nd.logp) for nd in nodes]
+        scores = self.calibrator([_source(nd.depth) for nd in nodes], [nd.depth for nd in nodes], raw)
+        ngram_length, graft = self._graft
+        scores += self.calibrator([PROMPT.name] * len(graft), list(range(1, len(graft) + 1)),
+                                  [float(ngram_length)] * len(graft))
+        bound = self.calibrator([_source(depth)], [depth], [max(raw[i] for i in frontier)])[0]
+        above = sorted((x for x in scores if x > bound), reverse=True)[: self.budget]
+        return best_size(above + [bound] * (self.budget - len(above)), self.rel_cost) > len(above)
 
     def _deeper_depths(self, state: DecodeState, n: int):
         """Depths 2..H, while head d - 1 has a committed position before the root and a node at depth d still fits
@@ -288,10 +304,7 @@ class S4CDrafter(Drafter):
     def _finish(self, state: DecodeState, nodes: list[_Node], vertical: set[int]) -> DraftTree:
         """The head tree under the budget, prompt lookup's continuation grafted on (option `prompt_lookup`), then
         calibrated and, when sized per step, cut to what pays for its verification."""
-        ngram_length, graft = 0, []
-        if self.prompt_lookup > 0:
-            ngram_length, graft = lookup_with_ngram_length(state.tokens, min(self.prompt_lookup, self.budget - 1),
-                                                           max_ngram=3, min_ngram=1)
+        ngram_length, graft = self._graft
         # a fixed tree shares the budget between the heads and the graft; a tree sized per step (below) keeps every
         # head node and lets the cut rank them against the grafted ones, the budget capping what it sends
         tree = self._select(nodes, vertical, self.budget if self.rel_cost is not None else self.budget - len(graft))
@@ -304,12 +317,6 @@ class S4CDrafter(Drafter):
             tree = cut_to_cost(tree, self.rel_cost, max_nodes=self.budget)
             self._last_depths = [d for d, s in zip(tree.depths(), tree.sources) if s != PROMPT.name]
         return tree
-
-    def _not_worth_deeper(self, top_logp: float) -> bool:
-        """True when the best depth-1 candidate is so unlikely that no chain under it pays for its verification even
-        if every deeper node were certain given its parent (an upper bound), so heads 2..H need not run."""
-        p1 = self.calibrator(["head1"], [1], [math.exp(top_logp)])[0]
-        return best_size([p1] * self.n_heads, self.rel_cost) <= 1
 
     def _select(self, nodes: list[_Node], first: set[int], budget: int | None = None) -> DraftTree:
         """Keep `budget` nodes: the vertical chains first (s4c/chain), then the rest by cumulative log-prob; a node
