@@ -24,6 +24,8 @@
 #                  .gpukit/s4c-init (or the shipped ones), the target's features in 32k-token batches; what it does
 #                  not finish by its time budget it saves: $OUT/s4c_train.log, config.json, model.safetensors.0[01]
 #                  (split: a file comes back only under 16 MiB; `cat model.safetensors.0? > model.safetensors`).
+#                  S4C_INIT=none trains from scratch, S4C_EXTRA adds flags (the last of a repeated flag wins), e.g.
+#                  S4C_INIT=none S4C_EXTRA="--feature-layers 2 15 --epochs 12" for heads reading fused layers.
 #   sdsat-train    (named only) SDSAT's adapter, warm-started from the shipped one, over every corpus: 32 sequences a
 #                  step in one forward (`--batch`), bf16 autocast; what it does not finish by its time budget it
 #                  saves: $OUT/sdsat_train.log and the adapter's four files (assets/sdsat/embedded/).
@@ -81,14 +83,15 @@ step bf16-one-bucket 90 env SPECDEMO_STATIC_BUCKETS=64 $B --dtype bfloat16 --met
 step layers-ab 110 env SPECDEMO_FUSED_DECODER=0 $B --dtype float32 --methods $MODES \
     --json "$OUT/${GPU}_fp32_transformers_layer.json"
 INIT=/tmp/gpukit/s4c-init; [ -f $INIT/model.safetensors ] || INIT=assets/s4c/smollm2-135m-instruct
+INIT_ARG="--init ${S4C_INIT:-$INIT}"; [ "${S4C_INIT:-}" = none ] && INIT_ARG=""
 CORPORA="assets/corpus/selfdistill.jsonl.gz assets/corpus/sharegpt_distill.jsonl.gz assets/corpus/code_distill.jsonl.gz
     assets/corpus/tasks_distill.jsonl.gz assets/corpus/sharegpt/shard-00[0-7].jsonl.gz"
 # the time budget (features included) ends 55 s before the step's limit: the held-out evaluation and the save follow it
 S4C_CAP=$(( $(left) - 30 )); S4C_MIN=$(python3 -c "print(round(max($S4C_CAP - 55, 60) / 60, 2))")
 step s4c-train "$S4C_CAP" bash -c "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 python3 -m specdemo train s4c --model embedded \
-    --device cuda --init $INIT --data $(echo $CORPORA) --first 0 1600 0 0 0 0 0 0 0 0 0 0 --out /tmp/s4c_gpu \
+    --device cuda $INIT_ARG --data $(echo $CORPORA) --first 0 1600 0 0 0 0 0 0 0 0 0 0 --out /tmp/s4c_gpu \
     --epochs 2 --minutes $S4C_MIN --batch-size 32 --lr 3e-4 --warmup 20 --autocast bf16 --feature-batch-tokens 32768 \
-    --log-every 20 --eval-every 100000 --ckpt-every 50 > $OUT/s4c_train.log 2>&1"
+    --log-every 20 --eval-every 100000 --ckpt-every 50 ${S4C_EXTRA:-} > $OUT/s4c_train.log 2>&1"
 if [ -f /tmp/s4c_gpu/model.safetensors ]; then
     cp /tmp/s4c_gpu/config.json "$OUT/" && split -b 12M -d -a 2 /tmp/s4c_gpu/model.safetensors "$OUT/model.safetensors."
 fi
