@@ -167,8 +167,8 @@ def _device_name(target: Target) -> str:
     if target.device.type == "cuda":
         return torch.cuda.get_device_name(target.device)
     kernels = ", oneDNN packed linears" if target.packed_linears else ""
-    name = " ".join(["cpu", _cpu_model()]).strip()
-    return f"{name} ({torch.get_num_threads()} threads{kernels})"
+    model = _cpu_model()
+    return f"cpu{' ' + model if model else ''} ({torch.get_num_threads()} threads{kernels})"
 
 
 def _cpu_model() -> str:

@@ -50,8 +50,8 @@ def evaluate(model, adapter: SDSATAdapter, records: list[dict], L: int, max_prob
         b = build_probes(seq, len(r["prompt_ids"]), L, 1.0, None, max_probes, adapter.token_id)
         if b is not None:
             drawn.append((seq, b))
-    for k in range(0, len(drawn), max(1, batch)):
-        part = drawn[k : k + max(1, batch)]
+    for k in range(0, len(drawn), batch):
+        part = drawn[k : k + batch]
         outs = probe_logits_many(model, adapter, [s for s, _ in part], [b for _, b in part], grad=False, soft=False)
         for (_, b), (logits, _) in zip(part, outs):
             logits = logits.float()
@@ -303,8 +303,8 @@ def _optimise(run: _Run) -> None:
             if j % ddp.world == ddp.rank:
                 mine.append((r, chains))
         losses = []
-        for k in range(0, len(mine), max(1, cfg.batch)):
-            losses += _chains_loss(run.target.model, run.adapter, cfg, mine[k : k + max(1, cfg.batch)])
+        for k in range(0, len(mine), cfg.batch):  # cfg.batch >= 1: train() refuses less
+            losses += _chains_loss(run.target.model, run.adapter, cfg, mine[k : k + cfg.batch])
         step_loss, step_n = sum(losses), len(losses)
         ddp.sum_gradients(run.adapter.parameters())
         lr = train_loop.cosine_lr(prog.step, cfg.lr, cfg.warmup, cfg.steps, cfg.min_lr_ratio, run.clock.spent())
