@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specdemo.cpu_attention import use_row_exact_attention
+from specdemo.cpu_attention import ROW_EXACT, use_row_exact_attention
 from specdemo.cpu_linear import PackedLinear, bf16_available
 
 PRECISIONS = ("fp32", "bf16", "int4")
@@ -144,27 +144,37 @@ class Int4Linear(torch.nn.Module):
         bias = None if lin.bias is None else lin.bias.detach().float()
         return cls(q.to(torch.int32), d, lo + 8 * d, bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        if self.prefilling and self.prefill_weight is not None:
-            y = torch.ops.mkldnn._linear_pointwise(flat, self.prefill_weight, None, "none", [], "").to(x.dtype)
-        else:
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_zeros).to(x.dtype)
-        y = y.reshape(*x.shape[:-1], self.out_features)
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        """The int4 product of rows `x` (n, in) -> (n, out) in `x`'s dtype, bias included."""
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.packed, GROUP,
+                                                       self.scales_zeros).to(x.dtype)
         return y if self.bias is None else y + self.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features)
+        if self.prefilling and self.prefill_weight is not None:
+            y = torch.ops.mkldnn._linear_pointwise(flat.to(torch.bfloat16), self.prefill_weight, None, "none", [],
+                                                   "").to(x.dtype)
+            y = y if self.bias is None else y + self.bias
+        else:
+            y = self.rows(flat)
+        return y.reshape(*x.shape[:-1], self.out_features)
 
 
 @contextmanager
 def prefill_weights(model: torch.nn.Module) -> Iterator[None]:
-    """Within it, the model's int4 layers run on their bf16 prefill weights (see Int4Linear): for a prompt's prefill,
-    never for a decoding step.  A no-op for a model without int4 layers."""
-    layers = [m for m in model.modules() if isinstance(m, Int4Linear)]
-    for m in layers:
+    """Within it, a prompt's prefill runs as this precision prefills: an int4 model's layers on their bf16 prefill
+    weights (see Int4Linear), and at bf16 and int4 (the models on row-exact attention) the prompt's causal attention
+    in bf16 (`cpu_attention.row_exact_sdpa`).  For a prompt's prefill, never for a decoding step; a no-op at fp32."""
+    flagged = [m for m in model.modules() if isinstance(m, Int4Linear)]
+    if getattr(getattr(model, "config", None), "_attn_implementation", None) == ROW_EXACT:
+        flagged += [layer.self_attn for layer in getattr(model.get_decoder(), "layers", ())]
+    for m in flagged:
         m.prefilling = True
     try:
         yield
     finally:
-        for m in layers:
+        for m in flagged:
             m.prefilling = False
 
 

@@ -127,17 +127,21 @@ class RotaryTable:
         cos, sin = self.rotary(self.like.new_zeros(1, dtype=torch.float32),
                                 torch.arange(length, device=self.like.device).unsqueeze(0))
         self.cos, self.sin = cos[0].to(self.like.dtype), sin[0].to(self.like.dtype)  # (positions, head_dim)
+        # rotate_half(x)·sin = roll(x, half)·(sin with its first half negated): one roll instead of two slices, a
+        # negation and a concatenation per layer, the same bits (negating is exact)
+        half = self.sin.shape[-1] // 2
+        self.sin_signed = torch.cat([-self.sin[:, :half], self.sin[:, half:]], -1)
 
     def __len__(self) -> int:
         return len(self.cos)
 
     def __call__(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin of `positions` (n,) as (n, 1, head_dim): every head turns alike."""
+        """cos and signed sin (`_build`) of `positions` (n,) as (n, 1, head_dim): every head turns alike."""
         if self.grow:
             last = int(positions.max())
             if last >= len(self):
                 self._build(max(2 * len(self), last + 1))
-        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+        return self.cos[positions].unsqueeze(1), self.sin_signed[positions].unsqueeze(1)
 
 
 class FusedLayer:
@@ -171,18 +175,27 @@ class FusedLayer:
         transformers' attention-function signature."""
         n, hd, n_q, n_kv = x.shape[1], self.head_dim, self.n_q, self.n_kv
         cos, sin = rotary
-        qkv = self.qkv(self.norm(x, self.norm_in)).view(n, n_q + 2 * n_kv, hd)
+        rows = x.view(n, -1)
+        qkv = _product(self.qkv, self.norm(rows, self.norm_in)).view(n, n_q + 2 * n_kv, hd)
         qk = qkv[:, : n_q + n_kv]  # q and k heads turn together
-        half = hd // 2
-        qk = qk * cos + torch.cat([-qk[..., half:], qk[..., :half]], -1) * sin
+        qk = qk * cos + qk.roll(hd // 2, -1) * sin  # sin signed: RotaryTable._build
         q = qk[:, :n_q].transpose(0, 1).unsqueeze(0)
         k = qk[:, n_q:].transpose(0, 1).unsqueeze(0)
         v = qkv[:, n_q + n_kv :].transpose(0, 1).unsqueeze(0)
         k, v = cache.update(k, v, index)
         out, _ = attention(self.attn, q, k, v, mask, dropout=0.0, scaling=self.scaling)
-        x = x + self.o(out.reshape(1, n, n_q * hd))
-        gate, up = self.gate_up(self.norm(x, self.norm_post)).chunk(2, dim=-1)
-        return x + self.down(F.silu(gate) * up)
+        rows = rows + _product(self.o, out.reshape(n, n_q * hd))
+        gate, up = _product(self.gate_up, self.norm(rows, self.norm_post)).chunk(2, dim=-1)
+        return (rows + _product(self.down, F.silu(gate) * up)).view(1, n, -1)
+
+
+def _product(linear, rows: torch.Tensor) -> torch.Tensor:
+    """`linear` on `rows` (n, d) -> (n, out).  An int4 product that nothing hooks into runs torch's kernel directly: a
+    step makes four per layer, and the module call's plumbing (hook checks, reshapes) is a measurable share of a 1-row
+    int4 step.  Hooked products (SDSAT's adapter) get the module call with the rows as (1, n, d), as hooks expect."""
+    if type(linear) is Int4Linear and not linear._forward_hooks and not linear.prefilling:
+        return linear.rows(rows)
+    return linear(rows.unsqueeze(0))[0]
 
 
 class _Side:

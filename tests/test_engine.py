@@ -394,29 +394,54 @@ def test_pld_shadow_scoring_and_length_choice():
     assert d.stats == {(2, False): [3.0, 0.0]} and not d._shadows
 
 
+def test_prompt_lookup_reads_every_size_of_the_cost_curve(tiny_llama):
+    """At int4 a verification's cost jumps where the kernel starts a new block of 4 rows (3 drafts cheap, 4 dear):
+    prompt lookup sizes its chain on the measured point at 3, not a line drawn from 2 to 4."""
+    from types import SimpleNamespace
+
+    from specdemo.budget import CURVE_SIZES, CURVES, pin_cost_curves
+    from specdemo.drafters.pld import PromptLookupDrafter
+
+    costs = {0: 1.0, 1: 1.1, 2: 1.3, 3: 1.35, 4: 3.0, 6: 3.5, 8: 4.0, 12: 6.0, 16: 8.0, 24: 12.0, 32: 16.0}
+    saved = tiny_llama.artifacts.pop(CURVES, None)
+    try:
+        pin_cost_curves(tiny_llama, {",".join(map(str, CURVE_SIZES)): {str(n): c for n, c in costs.items()}})
+        d = PromptLookupDrafter()
+        d.begin(SimpleNamespace(target=tiny_llama), None)
+        d.stats = {(3, True): [100.0, 0.0]}  # lookups in this situation nearly always come true
+        assert d._best_length((3, True), 10) == 3  # a line from 2 to 4 prices 3 drafts at 2.15: it would send 2
+    finally:
+        tiny_llama.artifacts.pop(CURVES, None)
+        if saved is not None:
+            tiny_llama.artifacts[CURVES] = saved
+
+
 def test_bench_replays_pinned_cost_curves(tiny_llama):
     """Drafts are sized by the verify cost curve: a pinned curve decides whether prompt lookup drafts at all, the
     bench JSON carries the curve it used, and the same request twice gives the same steps (no state carried over)."""
     from specdemo.bench import run_bench
-    from specdemo.budget import CURVES, pin_cost_curves
+    from specdemo.budget import CURVE_SIZES, CURVES, pin_cost_curves
     from specdemo.drafters import make_drafter
     from specdemo.engine import GenerationConfig, run_to_end
 
     ids = tiny_llama.encode_prompt("one two three one two three one two three one two")
     cfg = GenerationConfig(max_new_tokens=16)
-    sizes = "0,1,2,4,8,16"
+    sizes = ",".join(map(str, CURVE_SIZES))
     saved = tiny_llama.artifacts.pop(CURVES, None)
+
+    def curve(*costs: float) -> dict[str, float]:
+        return {str(n): c for n, c in zip(CURVE_SIZES, costs)}
 
     def drafted() -> list[int]:
         return [e.tree_size for e in run_to_end(tiny_llama, ids, make_drafter("pld", tiny_llama), cfg)[1]]
 
     try:
-        pin_cost_curves(tiny_llama, {sizes: {"0": 1.0, "1": 50.0, "2": 60.0, "4": 70.0, "8": 80.0, "16": 90.0}})
+        pin_cost_curves(tiny_llama, {sizes: curve(1.0, *range(50, 150, 10))})
         assert set(drafted()) == {0}  # no draft pays for itself
         res = run_bench(tiny_llama, ["pld"], [{"id": "a", "prompt": "one two"}], 4, warmup=False)
         assert res["cost_curves"][sizes]["1"] == 50.0
         assert res["methods"]["pld"]["per_prompt"][0]["tokens"] == res["methods"]["ar"]["per_prompt"][0]["tokens"]
-        pin_cost_curves(tiny_llama, {sizes: {"0": 1.0, "1": 1.0, "2": 1.0, "4": 1.0, "8": 1.0, "16": 1.0}})
+        pin_cost_curves(tiny_llama, {sizes: curve(*[1.0] * len(CURVE_SIZES))})
         first = drafted()
         assert max(first) > 0 and drafted() == first
     finally:

@@ -229,20 +229,56 @@ def test_oracle_trees_are_lossless_at_reduced_precision(tiny, precision, samplin
 @needs_int4
 def test_the_engine_prefills_on_the_prefill_weights_and_steps_on_the_int4_kernel(tiny, monkeypatch):
     target = _at(tiny, "int4")
-    seen = []
-    forward = Int4Linear.forward
+    seen = []  # (rows, on the prefill weights) per product: the module's forward, or its kernel called directly
+    forward, kernel = Int4Linear.forward, Int4Linear.rows
 
-    def spy(self, x):
-        seen.append((x.reshape(-1, self.in_features).shape[0], self.prefilling))
+    def spy_forward(self, x):
+        if self.prefilling:
+            seen.append((x.reshape(-1, self.in_features).shape[0], True))
         return forward(self, x)
 
-    monkeypatch.setattr(Int4Linear, "forward", spy)
+    def spy_kernel(self, x):
+        seen.append((x.shape[0], False))
+        return kernel(self, x)
+
+    monkeypatch.setattr(Int4Linear, "forward", spy_forward)
+    monkeypatch.setattr(Int4Linear, "rows", spy_kernel)
     prompt = list(range(100, 120))
     run_to_end(target, prompt, OracleDrafter(run_to_end(target, prompt, None, GenerationConfig(8))[0],
                                              target.vocab_size, 3), GenerationConfig(max_new_tokens=8))
     assert {rows for rows, prefilling in seen if prefilling} == {len(prompt) - 1}
     steps = [rows for rows, prefilling in seen if not prefilling]  # AR steps and tree verifications
     assert steps and max(steps) > 1
+
+
+@pytest.mark.parametrize("precision", REDUCED)
+def test_only_the_prompts_prefill_runs_its_attention_in_bf16(tiny, precision, monkeypatch):
+    """At bf16 and int4 a prompt's causal attention runs in bf16 inside `prefill_weights` (every layer, once), never in
+    a decoding step, and the layers are unmarked again after the prefill, also after an error inside it."""
+    from specdemo import cpu_attention
+
+    target = _at(tiny, precision)
+    calls = []
+    bf16_prefill = cpu_attention._bf16_prefill
+
+    def spy(query, key, value, scaling):
+        calls.append(query.shape[2])
+        out = bf16_prefill(query, key, value, scaling)
+        fp32 = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling,
+                                                                enable_gqa=True).transpose(1, 2)
+        # bf16 rounding of q, k and v (a wrong scale or a missing causal mask would be far off)
+        assert out.dtype == query.dtype and (out - fp32).abs().max() <= 2.0 ** -4 * fp32.abs().max()
+        return out
+
+    monkeypatch.setattr(cpu_attention, "_bf16_prefill", spy)
+    prompt = list(range(100, 120))
+    run_to_end(target, prompt, None, GenerationConfig(max_new_tokens=6))
+    assert calls == [len(prompt) - 1] * target.n_layers
+    attn = [layer.self_attn for layer in target.decoder.layers]
+    with pytest.raises(RuntimeError), prefill_weights(target.model):
+        assert all(a.prefilling for a in attn)
+        raise RuntimeError("a failed prefill")
+    assert not any(getattr(a, "prefilling", False) for a in attn)
 
 
 @pytest.mark.slow
