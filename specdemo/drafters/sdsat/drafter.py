@@ -259,7 +259,7 @@ def self_verifying(target) -> bool:
 
 OPTIONS = (
     Option("adapter", "path", help="a trained adapter: a folder or a hub id (default: the model's shipped one)"),
-    Option("k", "int", 1, 16, help="adaptive tokens per probe chain (default: 2 on CPU, 4 on GPU)"),
+    Option("k", "int", 1, 16, help="adaptive tokens per probe chain (default: 1 on CPU, 4 on GPU)"),
     Option("loop", "choice", choices=("fused", "paper"), help="fused: one forward verifies and drafts; paper: two"),
     Option("branching", "counts", 1, 64, help="candidates kept per draft depth, e.g. 4,1"),
     Option("chains", "int", -1, 64, help="probe chains under at most this many draft nodes (-1 = all)"),
@@ -325,7 +325,7 @@ def unavailable_reason(target) -> str | None:
 
 
 KNOBS = (
-    Knob("sdsat", "k", "Adaptive tokens", 0, 8, 0, "adaptive tokens per probe chain · 0 = device default (2 on CPU, 4 "
+    Knob("sdsat", "k", "Adaptive tokens", 0, 8, 0, "adaptive tokens per probe chain · 0 = device default (1 on CPU, 4 "
          "on GPU)", zero_keeps_default=True),
 )
 
