@@ -126,11 +126,11 @@ class RotaryTable:
     def _build(self, length: int) -> None:
         cos, sin = self.rotary(self.like.new_zeros(1, dtype=torch.float32),
                                 torch.arange(length, device=self.like.device).unsqueeze(0))
-        self.cos, self.sin = cos[0].to(self.like.dtype), sin[0].to(self.like.dtype)  # (positions, head_dim)
-        # rotate_half(x)·sin = roll(x, half)·(sin with its first half negated): one roll instead of two slices, a
-        # negation and a concatenation per layer, the same bits (negating is exact)
-        half = self.sin.shape[-1] // 2
-        self.sin_signed = torch.cat([-self.sin[:, :half], self.sin[:, half:]], -1)
+        # (positions, head_dim).  rotate_half(x)·sin = roll(x, half)·(sin with its first half negated): one roll
+        # instead of two slices, a negation and a concatenation per layer, the same bits (negating is exact)
+        half = sin.shape[-1] // 2
+        self.cos = cos[0].to(self.like.dtype)
+        self.sin_signed = torch.cat([-sin[0, :, :half], sin[0, :, half:]], -1).to(self.like.dtype)
 
     def __len__(self) -> int:
         return len(self.cos)
