@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import OracleDrafter
-from specdemo.step_decoder import StepDecoder, RotaryTable, fusable, unsupported_reason
+from specdemo.step_decoder import RMSNorm, StepDecoder, RotaryTable, fusable, unsupported_reason
 from specdemo.engine import GenerationConfig, run_to_end
 from specdemo.kvcache import KVCache
 from specdemo.precision import Int4Linear, int4_available
@@ -32,10 +32,28 @@ def _step_both_ways(target, ctx: list[int], tree: DraftTree, hidden: bool):
     return outs
 
 
+@pytest.mark.parametrize("width", [64, 576])
+def test_the_cpu_norm_is_rms_norm_and_gives_a_row_the_same_bits_alone_or_among_rows(width):
+    """RMSNorm as LayerNorm of [x, −x]: torch's rms_norm up to float rounding, and (what a tree's rows need) each row's
+    bits the same whether it is normed alone or among others."""
+    g = torch.Generator().manual_seed(0)
+    weight, x = torch.randn(width, generator=g), 3 * torch.randn(17, width, generator=g)
+    norm = RMSNorm(weight, 1e-5)
+    assert norm.doubled is not None  # the CPU path
+    out = norm(x)
+    want = torch.nn.functional.rms_norm(x, (width,), weight, 1e-5)
+    assert torch.allclose(out, want, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(norm(x + 1), want, rtol=1e-3, atol=1e-3)  # a shift changes the RMS: no mean is removed
+    alone = torch.cat([norm(x[i : i + 1]) for i in range(len(x))])
+    for n in (2, 3, 5, 17):
+        assert torch.equal(norm(x[:n]), alone[:n])
+    assert torch.equal(norm(x.view(1, 17, width))[0], out)
+
+
 @pytest.mark.parametrize("tree", [DraftTree.empty(), DraftTree(tokens=[11, 12, 13, 14], parents=[-1, 0, -1, 2])])
 def test_the_step_gives_the_transformers_decoders_values(tiny, tree):
     """A one-token step and a two-branch tree: last hidden states and every layer's states as transformers gives them
-    (fp32, up to float rounding: the fused products and torch's rms_norm sum in another order)."""
+    (fp32, up to float rounding: the fused products and the norms sum in another order)."""
     assert unsupported_reason(tiny.model) is None and isinstance(tiny.step_decoder, StepDecoder)
     with torch.no_grad():
         ref, got = _step_both_ways(tiny, list(range(100, 112)), tree, hidden=True)
@@ -58,14 +76,14 @@ def test_a_whole_table_never_grows_and_gives_the_growing_tables_values(tiny_llam
     """On a GPU the table is built for every position the model takes and a call reads nothing back to the host (a
     CUDA graph captures no synchronisation): the same values as the growing table, and no growth."""
     dec = tiny_llama.step_decoder
-    whole = RotaryTable(dec.decoder.rotary_emb, dec.norm, 64, grow=False)
+    whole = RotaryTable(dec.decoder.rotary_emb, dec.norm.weight, 64, grow=False)
     positions = torch.tensor([0, 5, 63])
     for a, b in zip(whole(positions), dec.rotary(positions)):
         assert torch.equal(a, b)
     assert len(whole) == 64
     with pytest.raises(IndexError):
         whole(torch.tensor([64]))
-    cpu = RotaryTable.for_model(dec.decoder.rotary_emb, dec.norm, 10_000)  # a CPU's table starts small and grows
+    cpu = RotaryTable.for_model(dec.decoder.rotary_emb, dec.norm.weight, 10_000)  # a CPU's table starts small and grows
     assert cpu.grow and len(cpu) == 4096
 
 

@@ -2,8 +2,8 @@
 
 Why: a head call drafts 1-10 rows, so on the CPU its cost is mostly the decoder layer's ~100 small operations and
 module calls, not its products.  Each head's layer runs as the target's CPU decoding step runs its layers
-(`step_decoder.FusedLayer`: one q/k/v and one gate/up product, one rotary multiply over a table built once, torch's
-fused `rms_norm`), on the heads' own weights (bf16-packed where `cached_heads` packs them so), so the outputs equal
+(`step_decoder.FusedLayer`: one q/k/v and one gate/up product, one rotary multiply over a table built once, fused
+norms), on the heads' own weights (bf16-packed where `cached_heads` packs them so), so the outputs equal
 `S4CHeads.head`'s up to float rounding (a test checks); drafts only propose, the target verifies every one.  Heads over
 a layer of another form draft through `S4CHeads.head`.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from specdemo.cpu_attention import grouped_kv_sdpa
-from specdemo.step_decoder import FusedLayer, RotaryTable, layer_supported
+from specdemo.step_decoder import FusedLayer, RMSNorm, RotaryTable, layer_supported
 from specdemo.cpu_linear import frozen_linear
 from specdemo.drafters.s4c.heads import S4CHeads
 from specdemo.kvcache import KVCache
@@ -32,7 +32,7 @@ class DraftStep:
         self.fc = [frozen_linear(fc.weight, draft_precision=bool(getattr(fc, "bf16", False)), bias=fc.bias)
                    for fc in heads.fc]
         self.layers = [FusedLayer(layer, eps) for layer in heads.layers]
-        self.norms = [norm.weight.detach() for norm in heads.norms]
+        self.norms = [RMSNorm(norm.weight, eps) for norm in heads.norms]
         self.rotary = RotaryTable.for_model(heads.rotary, heads.fc[0].weight, max_positions)
 
     @torch.no_grad()
@@ -44,7 +44,7 @@ class DraftStep:
         x = self.fc[h](torch.cat([emb, feat], dim=-1))
         layer = self.layers[h]
         x = layer(x, self.rotary(positions[0]), cache, 0, grouped_kv_sdpa, mask)
-        return layer.norm(x, self.norms[h])
+        return self.norms[h](x)
 
 
 def draft_step(target, heads: S4CHeads) -> DraftStep | None:
