@@ -150,8 +150,8 @@ class Int4Linear(torch.nn.Module):
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
         """The int4 product of rows `x` (n, in) -> (n, out) in `x`'s dtype, bias included.  A decoding step makes 120
-        of these, so the kernel is called as its resolved overload and the casts by their short forms: ~8 µs less
-        Python per product (~4-8 µs) than through `torch.ops`' overload lookup and `.to`."""
+        of these, so the kernel is called as its resolved overload and the casts by their short forms: 4-8 µs less
+        Python per product than through `torch.ops`' overload lookup and `.to`."""
         y = _INT4_MM(x.bfloat16(), self.packed, GROUP, self.scales_zeros)
         y = y.float() if x.dtype == torch.float32 else y.to(x.dtype)
         return y if self.bias is None else y + self.bias

@@ -7,7 +7,8 @@ calls per layer with their keyword plumbing, three q/k/v products and two gate/u
 rotary tables rebuilt on every forward, RMSNorm in five element-wise steps, the output-capturing wrappers.  Here a
 layer is one q/k/v product, one rotary multiply over a table built once per model, the model's own attention function
 (so the CPU attention of cpu_attention.py, row-exact at bf16 and int4, is unchanged), one gate/up product, each norm
-one fused kernel (`RMSNorm`); the rest of the model (its prefill, training, hub-model checks) still runs through transformers.
+one fused kernel (`RMSNorm`); the rest of the model (its prefill, training, hub-model checks) still runs through
+transformers.
 
 Every decoding step of a request (AR's one row, every tree verification) runs this same forward, so drafted output
 stays plain decoding's; `verify.check_tree_support` proves at load that its logits are the transformers model's within
@@ -150,7 +151,9 @@ class RMSNorm:
     On the CPU it runs as torch's fused LayerNorm of the row [x, −x]: that row's mean is 0 and its variance mean(x²),
     so the first half of its LayerNorm is the RMSNorm of x.  torch's CPU `rms_norm` is a composite of five element-wise
     operations (~11 µs a 576-wide row on the 2-core dev machine against ~7 µs for the concatenation and LayerNorm), and
-    a step of the embedded model makes 61 norms.  On CUDA `rms_norm` is one fused kernel already."""
+    a step of the embedded model makes 61 norms.  The two round differently in the last bits, which moves the int4
+    model no further from fp32 than any reordering of the norm's operations does (docs/precision.md).  On CUDA
+    `rms_norm` is one fused kernel already."""
 
     def __init__(self, weight: torch.Tensor, eps: float):
         self.weight, self.eps, self.width = weight.detach(), eps, weight.shape[-1]
