@@ -81,12 +81,12 @@ def default_precision() -> str:
     return "int4" if int4_available() and not torch.cuda.is_available() else "fp32"
 
 
-_INT4_MM_PACKET = getattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu", None)
-_INT4_MM = _INT4_MM_PACKET.default if _INT4_MM_PACKET is not None else None  # the kernel's resolved overload
+# torch's int4 CPU kernel as its resolved overload (None in a build without it)
+_INT4_MM = getattr(getattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu", None), "default", None)
 
 
 def int4_available() -> bool:
-    return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") and bf16_available()
+    return _INT4_MM is not None and bf16_available()
 
 
 class Int4Linear(torch.nn.Module):
