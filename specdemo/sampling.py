@@ -105,6 +105,42 @@ def choose_tokens(logits: torch.Tensor, positions: list[int], cfg: SamplingConfi
     return sampled_tokens(logits, positions, cfg)
 
 
+def draft_candidates(logp: torch.Tensor, ids: torch.Tensor | None, positions: list[int], cfg: SamplingConfig,
+                     vocab: int, k: int, sharpen: float = 1.0, pool: int = 64) -> tuple[list[list[int]], list[list[float]]]:
+    """A drafter's `k` candidates for each row of its log-probs `logp` (n, V'), row i guessing the target's token at
+    absolute position positions[i]; `ids` maps column j to target token ids[j] (None: the columns are the ids) and
+    `vocab` is the width of the target's logits.  Returns (token ids, log-scores) per row, best first.
+
+    Greedy: the k most probable tokens and their log-probs.  Sampling: the target will take argmax(filtered logits /
+    T + G(seed, t)) (the rule above), and the noise G is known before the target runs, so the drafter draws with
+    that same noise: its candidates are the Gumbel-top-k of its own distribution, filtered by the request's top-k and
+    top-p, under G(seed, t).  Where the draft distribution is close to the target's the two argmaxes coincide
+    (Gumbel coupling), so the first candidate is the target's sample far more often than the draft's most probable
+    token is, while the verification stays the exact rule.  A drafter flatter than the target (a weak head spreads
+    its mass) draws better from its distribution sharpened, log-probs × `sharpen` (each drafter's is chosen on tune
+    prompts).  The log-scores are the softmax of the perturbed scores over the candidates: how clearly the noise
+    picks each one, which the calibration maps to an acceptance rate.  Only the draft's `pool` most probable tokens
+    compete (the filter keeps few more at these temperatures)."""
+    logp = logp.float()
+    if cfg.greedy:
+        lp, col = logp.topk(k, -1)
+        tok = col if ids is None else ids[col]
+        return tok.tolist(), lp.tolist()
+    tempered = (logp * (sharpen / cfg.temperature)).log_softmax(-1)  # what the rule samples, top-p included
+    lp, col = tempered.topk(min(pool, logp.shape[-1]), -1)  # sorted, most probable first
+    tok = col if ids is None else ids[col]
+    p = lp.exp()
+    drop = p.cumsum(-1) - p >= cfg.top_p  # the rule's top-p on the draft's own distribution (the first always stays)
+    if cfg.top_k:
+        drop[:, cfg.top_k :] = True
+    noise = torch.stack([gumbel(position_uniforms(cfg.seed, pos, vocab)[t]) for pos, t in zip(positions, tok.cpu())])
+    score = (lp.double() + noise.to(lp.device)).masked_fill(drop, float("-inf"))  # float64 like the rule's sums
+    best, order = score.topk(min(k, score.shape[-1]), -1)
+    # candidates the filter removed come last, with a share that calibrates to ~0 (a fixed tree still fills its slots)
+    log_share = (best - score.logsumexp(-1, keepdim=True)).clamp_min(-30.0)
+    return tok.gather(-1, order).tolist(), log_share.float().tolist()
+
+
 def top2_gaps(logits: torch.Tensor, rows: list[int]) -> list[float]:
     """How far apart the best two logits of each of `rows` are.  A small gap is a near-tie: there a product computed
     with other kernels or in another order (a GPU's bf16 tree rows) may pick the other token, so a run that differs

@@ -4,26 +4,23 @@ See `heads.py` beside this file for the model and our reading of the paper.  Opt
     heads   -- folder or hub repo id of trained heads (default: the shipped heads for the embedded model)
     tree    -- "s4c" (two top-1 chains, then top-k alternatives; default) | "chain" (one top-1 chain) |
                "eagle" (EAGLE-2 style: expand the topk best nodes per depth, keep the budget best overall)
-    budget  -- max tree nodes (default per device: budget.TREE_SIZES; "auto" asks specdemo.budget for this machine's
-               verify cost curve)
+    budget  -- max tree nodes (default per device: budget.TREE_SIZES; "auto": from this machine's verify cost curve)
     topk    -- alternatives per position (default 3)
-    window  -- prompt tokens the heads attend over (default: the heads' training crop, 160): the heads learnt on
-               answers after at most that much prompt, and a long prompt (RAG, summarisation) would otherwise cost a
-               head pass over every prompt token before the first draft
-    precision -- "bf16" (default where the CPU has native bf16) or "fp32": the heads' packed weights on the CPU.  A
-               head call of 1-10 rows is memory-bound, and the heads only draft (docs/s4c.md)
-    prompt_lookup -- NOT in the paper (formerly `context`): graft a prompt-lookup continuation of up to N tokens onto
-               the head tree (source "prompt"; its nodes count in the budget).  Default 10 through `make` (the
-               registry / bench / UI), chosen on HumanEval problems 100-119 and ShareGPT tuning prompts (docs/s4c.md);
-               `prompt_lookup=0` is pure S4C.
+    window  -- prompt tokens the heads attend over (default: their training crop, 160): they learnt on answers after
+               at most that much prompt, and a long prompt would cost a head pass over every token before a draft
+    precision -- "bf16" (default where the CPU has native bf16) or "fp32": the heads' packed weights on the CPU (a
+               head call of 1-10 rows is memory-bound, and the heads only draft: docs/s4c.md)
+    prompt_lookup -- NOT in the paper: graft a prompt-lookup continuation of up to N tokens onto the head tree (source
+               "prompt", counted in the budget).  Default 10 through `make`, chosen on HumanEval problems 100-119 and
+               ShareGPT tuning prompts (docs/s4c.md); `prompt_lookup=0` is pure S4C.
+    couple  -- under sampling, draw the candidates with the target's own noise from the heads' distribution
+               sharpened by this factor (`sampling.draft_candidates`); 0: their most probable tokens, as when greedy.
 
 KV caches: each head keeps its own cache (the engine's preallocated KVCache) of committed positions, fed from the
-target features that `observe` receives; draft rows are appended for one layer call and cut off again.  Recomputing a
-window instead would cost ~W x the work per step on CPU, and the per-head lag (head h needs x_{t+h}) makes an
-incremental cache natural.
+target features that `observe` receives; draft rows are appended for one layer call and cut off again (recomputing
+a window would cost ~W x the work per step on CPU; the per-head lag, head h needs x_{t+h}, makes it incremental).
 
-Stats: `drafter.tally` (tree.DepthTally) counts, per depth d, the steps whose head tree reached depth d and the
-steps that accepted >= d tokens.
+Stats: `drafter.tally` (tree.DepthTally) counts, per depth, the steps whose head tree reached it and that accepted it.
 """
 from __future__ import annotations
 
@@ -56,6 +53,7 @@ from specdemo.drafters.s4c.heads import (  # noqa: F401  (unavailable_reason: th
 )
 from specdemo.engine import DecodeState, Drafter, Verified
 from specdemo.kvcache import KVCache
+from specdemo.sampling import SamplingConfig, draft_candidates
 from specdemo.target import Target
 from specdemo.tree import DepthTally, DraftTree, additive_mask, ancestor_mask, path_to
 
@@ -86,7 +84,6 @@ class _Node:
     depth: int
     logp: float  # cumulative draft log-probability
     outs: list = field(default_factory=list)  # this head's draft outputs at positions n-depth+1 .. n-1 (for its child head)
-    dist: tuple | None = None  # (tokens, logprobs) ranked, for its children
 
 
 class S4CDrafter(Drafter):
@@ -94,12 +91,14 @@ class S4CDrafter(Drafter):
     needs_hidden = True
 
     def __init__(self, target: Target, heads: S4CHeads, tree: str = "s4c", budget: int = 15, topk: int = 3,
-                 prompt_lookup: int = 0, dynamic: bool = False, calibration: Path | None = None, window: int = 0):
+                 prompt_lookup: int = 0, dynamic: bool = False, calibration: Path | None = None, window: int = 0,
+                 couple: float = 1.0):
         if tree not in TREES:
             raise ValueError(f"s4c tree must be one of {', '.join(TREES)} (got {tree!r})")
         self.target, self.heads, self.tree_kind = target, heads, tree
         self.budget, self.topk = int(budget), max(1, int(topk))
         self.window = int(window)  # >0: heads start at the last `window` prompt tokens
+        self.couple = float(couple)
         self.prompt_lookup = int(prompt_lookup)  # >0: also graft a prompt-lookup chain of up to this many tokens
         self.n_heads = heads.n_heads
         self.feature_layers = heads.feature_layers  # the engine hands these layers' states too (fused heads)
@@ -128,9 +127,9 @@ class S4CDrafter(Drafter):
         start = max(0, state.prompt_len - self.window) if self.window > 0 else 0
         self.cached_until = [start] * self.n_heads
         self.caches = [KVCache(capacity=cap + 64) for _ in range(self.n_heads)]
-        vocab = torch.unique(torch.cat([self.heads.draft_vocab.to(t.device),
-                                        torch.tensor(state.tokens, device=t.device, dtype=torch.long)]))
-        self.vocab = vocab
+        self.vocab = vocab = torch.unique(torch.cat([self.heads.draft_vocab.to(t.device),
+                                                     torch.tensor(state.tokens, device=t.device, dtype=torch.long)]))
+        self.target_vocab = t.lm_head.weight.shape[0]  # the width of the target's logits: the noise's length
         # the frozen LM head's rows for the draft vocabulary, packed once per request (cpu_linear.frozen_linear): the
         # 1-3 row products of drafting are 2-5x faster packed than as a plain product on the CPU, and half the bytes
         # again in bf16 (they only rank candidates)
@@ -184,10 +183,11 @@ class S4CDrafter(Drafter):
             self.cached_until[h] = hi + 1
         return out[:c], [list(out[s:e]) for s, e in spans]
 
-    def _dist(self, rows: torch.Tensor, k: int):
+    def _dist(self, state: DecodeState, rows: torch.Tensor, positions: list[int], k: int):
+        """Per row (guessing the target's token at positions[i]): k candidate tokens and their log-scores."""
         logp = self.score(rows).float().log_softmax(-1)
-        lp, idx = logp.topk(k, -1)
-        return self.vocab[idx].tolist(), lp.tolist()
+        sampling = state.sampling if self.couple > 0 else SamplingConfig()
+        return draft_candidates(logp, self.vocab, positions, sampling, self.target_vocab, k, sharpen=self.couple)
 
     # ------------------------------------------------------------------ drafting
     @torch.no_grad()
@@ -255,7 +255,7 @@ class S4CDrafter(Drafter):
         """Head 1 over the committed positions up to n-1; its output at n-1 ranks the depth-1 candidates, of which
         the best `width` become nodes."""
         self._run_head(0, n, state.tokens, [])
-        toks, lps = self._dist(self.head_outputs[0][n - 1 : n], max(self.topk, 2))
+        toks, lps = self._dist(state, self.head_outputs[0][n - 1 : n], [n + 1], max(self.topk, 2))
         return [_Node(tok, -1, 1, lp) for tok, lp in zip(toks[0], lps[0])][:width]
 
     def _deeper_may_pay(self, nodes: list[_Node], frontier: list[int], depth: int) -> bool:
@@ -298,7 +298,7 @@ class S4CDrafter(Drafter):
         _, outs = self._run_head(h, n, state.tokens, branches)
         for i, o in zip(frontier, outs):
             nodes[i].outs = o
-        ctoks, clps = self._dist(torch.stack([o[-1] for o in outs]), self.topk)
+        ctoks, clps = self._dist(state, torch.stack([o[-1] for o in outs]), [n + depth] * len(outs), self.topk)
         return list(zip(ctoks, clps))
 
     def _finish(self, state: DecodeState, nodes: list[_Node], vertical: set[int]) -> DraftTree:
@@ -346,6 +346,7 @@ OPTIONS = (
            aliases=("context",)),
     Option("dynamic", "bool", help="send per step the part of the tree that pays for its verification"),
     Option("calibration", "path", special=("none",), help="a calibration file, or 'none' for raw scores"),
+    Option("couple", "float", 0, 8, help="sampling: draw with the target's noise, log-probs x this (0 = off)"),
 )
 
 
@@ -360,7 +361,7 @@ def varying_shape_attention():
 
 def make(target: Target, heads: str | None = None, tree: str = "s4c", budget: int | str | None = None, topk: int = 3,
          prompt_lookup: int = 10, dynamic: bool | None = None, calibration: str | None = None,
-         window: int | None = None, precision: str = "bf16") -> S4CDrafter:
+         window: int | None = None, precision: str = "bf16", couple: float = 1.0) -> S4CDrafter:
     """An S4C drafter for `target` (see the module docstring for the options); tree sizes left unset come from
     budget.TREE_SIZES."""
     dynamic, budget = default_sizing(target, "s4c", dynamic, budget)
@@ -378,7 +379,7 @@ def make(target: Target, heads: str | None = None, tree: str = "s4c", budget: in
         window = loaded.config.get("training", {}).get("max_prompt", TRAINED_PROMPT)
     return S4CDrafter(target, loaded, tree=str(tree), budget=int(budget), topk=int(topk),
                       prompt_lookup=int(prompt_lookup), dynamic=dynamic,
-                      calibration=Path(calibration) if calibration else None, window=int(window))
+                      calibration=Path(calibration) if calibration else None, window=int(window), couple=float(couple))
 
 
 # tau of the s4c tree by node budget on the embedded model with the shipped heads (`specdemo acceptance`, greedy)
@@ -393,8 +394,7 @@ def _auto_budget(target: Target) -> int:
 
 
 KNOBS = (
-    Knob("s4c", "budget", "Tree budget", 0, 64, 0,
-         "draft nodes per step · 0 = device default (CPU: up to 16, sized per step; GPU: 15)",
-         zero_keeps_default=True),
+    Knob("s4c", "budget", "Tree budget", 0, 64, 0, "draft nodes per step · 0 = device default (CPU: up to 16, "
+         "sized per step; GPU: 15)", zero_keeps_default=True),
     Knob("s4c", "topk", "Top-k per head", 1, 8, 3, "candidates each head contributes"),
 )

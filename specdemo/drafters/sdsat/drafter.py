@@ -20,6 +20,7 @@ defaults of the tree's shape: budget.TREE_SIZES.
 from __future__ import annotations
 
 import json
+import math
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
@@ -37,6 +38,7 @@ from specdemo.drafters.sdsat.adapter import (
     train_command,
 )
 from specdemo.engine import DecodeState, Drafter, Verified
+from specdemo.sampling import SamplingConfig, draft_candidates
 from specdemo.tree import DepthTally, DraftTree, TreeBuffers
 
 ADAPTIVE = DraftSource("adaptive", "adaptive token", "#fed7aa", "#7c2d12")  # drafted by a probe of the last step
@@ -49,7 +51,7 @@ class SDSATDrafter(Drafter):
 
     def __init__(self, target, adapter, k: int = 4, loop: str = "fused", branching=None, chains: int = -1,
                  prompt_lookup: int = 0, shape: str = "uniform", dynamic: bool = False,
-                 calibration: Path | None = None):
+                 calibration: Path | None = None, couple: float = 1.0):
         if loop not in ("fused", "paper"):
             raise ValueError(f"loop must be 'fused' or 'paper', got {loop!r}")
         if shape not in ("uniform", "main", "fan"):
@@ -70,6 +72,9 @@ class SDSATDrafter(Drafter):
         # probability (budget.best_size); a probe chain rides along with the node it hangs under
         self.dynamic, self.calibration_path = bool(dynamic), calibration
         self.calibrator, self.rel_cost = None, None
+        # under sampling, the probes' candidates are drawn with the noise the target's tokens will be drawn with, from
+        # their distribution sharpened by `couple` (sampling.draft_candidates); 0: their most probable tokens
+        self.couple = float(couple)
         self.masked_rows = target.device.type == "cuda"  # the graph-safe hooks (every row, probe rows from masks)
         self.reset_stats()
         self._pending: list[list[int]] | None = None
@@ -203,9 +208,12 @@ class SDSATDrafter(Drafter):
             self._pending = self._pending_p = None
             return
         logits = self._probe_logits(verified, use)
-        width = max(self.branching)
-        top = logits.float().softmax(-1).topk(width, dim=-1)
-        self._pending, self._pending_p = top.indices.tolist(), top.values.tolist()
+        # candidate d guesses the token at depth d + 1 under the new root, i.e. at position len(tokens) + d
+        sampling = state.sampling if self.couple > 0 else SamplingConfig()
+        tokens, log_scores = draft_candidates(logits.float().log_softmax(-1), None,
+                                              [len(state.tokens) + d for d in range(len(use))], sampling,
+                                              logits.shape[-1], max(self.branching), sharpen=self.couple)
+        self._pending, self._pending_p = tokens, [[math.exp(x) for x in row] for row in log_scores]
 
     def _probe_logits(self, verified: Verified, nodes: list[int]) -> torch.Tensor:
         """The probe rows' logits: the engine already computed them (row i + 1 = node i) in the same forward."""
@@ -270,12 +278,15 @@ OPTIONS = (
     Option("token_id", "int", 0, 10_000_000, help="the adaptive token id of such a fine-tune"),
     Option("dynamic", "bool", help="send per step the draft nodes that pay for their verification"),
     Option("calibration", "path", special=("none",), help="a calibration file, or 'none' for raw scores"),
+    Option("couple", "float", 0, 8, help="under sampling, draw candidates with the target's own noise from the probes' "
+           "distribution sharpened by this factor (0 = off)"),
 )
 
 
 def make(target, adapter=None, k: int | None = None, loop: str = "fused", branching=None, chains: int | None = None,
          prompt_lookup: int | None = None, shape: str | None = None, model_verifies: bool | None = None,
-         token_id: int | None = None, dynamic: bool | None = None, calibration: str | None = None) -> SDSATDrafter:
+         token_id: int | None = None, dynamic: bool | None = None, calibration: str | None = None,
+         couple: float = 1.0) -> SDSATDrafter:
     """An SDSAT drafter for `target`; each tree-shape option left out takes the device default (budget.TREE_SIZES:
     k, chains, branching, shape, prompt_lookup)."""
     model_verifies = self_verifying(target) if model_verifies is None else bool(model_verifies)
@@ -307,7 +318,8 @@ def make(target, adapter=None, k: int | None = None, loop: str = "fused", branch
         ad = spec  # an SDSATAdapter object (tests)
     dynamic, _ = default_sizing(target, "sdsat", dynamic)
     return SDSATDrafter(target, ad, k=k, loop=loop, branching=branching, chains=chains, prompt_lookup=prompt_lookup,
-                        shape=shape, dynamic=dynamic, calibration=Path(calibration) if calibration else None)
+                        shape=shape, dynamic=dynamic, calibration=Path(calibration) if calibration else None,
+                        couple=float(couple))
 
 
 def unavailable_reason(target) -> str | None:
