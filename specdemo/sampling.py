@@ -127,12 +127,18 @@ def draft_candidates(logp: torch.Tensor, ids: torch.Tensor | None, positions: li
         tok = col if ids is None else ids[col]
         return tok.tolist(), lp.tolist()
     tempered = (logp * (sharpen / cfg.temperature)).log_softmax(-1)  # what the rule samples, top-p included
-    lp, col = tempered.topk(min(pool, logp.shape[-1]), -1)  # sorted, most probable first
+    top_k = cfg.top_k if 0 < cfg.top_k < logp.shape[-1] else 0
+    lp, col = tempered.topk(min(max(pool, top_k), logp.shape[-1]), -1)  # sorted, most probable first
     tok = col if ids is None else ids[col]
+    # the rule's filter on the draft's own distribution, in its order: top-k, then top-p over what top-k kept (the
+    # first candidate always stays); exact within the candidates, which is all that competes
     p = lp.exp()
-    drop = p.cumsum(-1) - p >= cfg.top_p  # the rule's top-p on the draft's own distribution (the first always stays)
-    if cfg.top_k:
-        drop[:, cfg.top_k :] = True
+    if top_k:
+        p[:, top_k:] = 0
+        p = p / p.sum(-1, keepdim=True)
+    drop = p.cumsum(-1) - p >= cfg.top_p
+    if top_k:
+        drop[:, top_k:] = True
     noise = torch.stack([gumbel(position_uniforms(cfg.seed, pos, vocab)[t]) for pos, t in zip(positions, tok.cpu())])
     score = (lp.double() + noise.to(lp.device)).masked_fill(drop, float("-inf"))  # float64 like the rule's sums
     best, order = score.topk(min(k, score.shape[-1]), -1)

@@ -24,10 +24,12 @@ def test_greedy_candidates_are_the_most_probable_tokens_mapped_to_target_ids():
 
 
 def test_with_the_targets_own_distribution_the_first_candidate_is_the_targets_sample():
-    """Same logits on both sides: the coupled draw is the rule's draw at every position, seed and filter."""
+    """Same logits on both sides: the coupled draw is the rule's draw at every position, seed and filter (top-k,
+    top-p, both: the rule's own kept set)."""
     logits = _logits(64, 1)
     positions = list(range(100, 164))
-    for cfg in (SamplingConfig(0.8, 0.9, seed=11), SamplingConfig(1.0, 1.0, 20, seed=3), SamplingConfig(0.5, seed=9)):
+    for cfg in (SamplingConfig(0.8, 0.9, seed=11), SamplingConfig(1.0, 1.0, 20, seed=3), SamplingConfig(0.5, seed=9),
+                SamplingConfig(0.8, 0.9, 20, seed=5)):
         tokens, _ = draft_candidates(logits.log_softmax(-1), None, positions, cfg, VOCAB, k=3, pool=VOCAB)
         assert [t[0] for t in tokens] == reference_tokens(logits, positions, cfg)
 
