@@ -94,12 +94,22 @@ class Calibrator:
 
     def __post_init__(self) -> None:
         self.tables = _current_tables(self.tables)
+        # the knots as arrays once: drafters call this a few times per step, and np.interp would convert the
+        # lists on every call
+        self._knots = {key: (np.asarray(t["x"], float), np.asarray(t["y"], float)) for key, t in self.tables.items()}
 
     def __call__(self, sources: list[str | None], depths: list[int], scores: list[float]) -> list[float]:
-        out = []
-        for src, d, s in zip(sources, depths, scores):
-            t = self.tables.get(table_key(src, d))
-            out.append(float(np.interp(s, t["x"], t["y"])) if t else float(s))
+        """Each score through its (source, depth) table; a score without a table stays as it is.  One np.interp
+        per table, not per score."""
+        out = [float(s) for s in scores]
+        groups: dict[str, list[int]] = {}
+        for i, (src, d) in enumerate(zip(sources, depths)):
+            groups.setdefault(table_key(src, d), []).append(i)
+        for key, idx in groups.items():
+            knots = self._knots.get(key)
+            if knots is not None:
+                for i, p in zip(idx, np.interp([out[i] for i in idx], *knots).tolist()):
+                    out[i] = p
         return out
 
     def apply(self, tree):

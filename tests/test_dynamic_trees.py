@@ -106,6 +106,23 @@ def test_fit_load_and_refusal(tmp_path):
     assert C.load("m", "tok-A", "s4c", sampling=False, path=tmp_path / "missing.json") is None
 
 
+def test_a_call_maps_each_score_through_its_own_table():
+    """Scores of several tables in one call, interleaved, get what np.interp of each score alone gives, bit for bit;
+    knots, points between and outside them, ties."""
+    rng = random.Random(3)
+    tables = {}
+    for key in ("head1|1", "head2|2", "prompt|1"):
+        xs = sorted(rng.random() for _ in range(6))
+        tables[key] = {"x": xs, "y": sorted(rng.random() for _ in range(6)), "n": 1}
+    cal = C.Calibrator(tables)
+    sources = [rng.choice(["head1", "head2", "prompt", "other"]) for _ in range(200)]
+    depths = [{"head1": 1, "head2": 2}.get(s, 1) for s in sources]
+    scores = [rng.choice([rng.uniform(-0.5, 1.5), *tables["head1|1"]["x"]]) for _ in sources]
+    expected = [float(np.interp(x, tables[f"{s}|{d}"]["x"], tables[f"{s}|{d}"]["y"])) if f"{s}|{d}" in tables else x
+                for s, d, x in zip(sources, depths, scores)]
+    assert cal(sources, depths, scores) == expected
+
+
 def test_tables_fitted_under_a_former_source_name_serve_the_current_one():
     """Prompt lookup's grafts were "context" when the shipped calibration was fitted: those tables map "prompt"
     nodes (the old name still reads them too), and a table under the current name wins over the old one."""

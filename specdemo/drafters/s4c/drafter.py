@@ -41,7 +41,7 @@ from specdemo.budget import (
 from specdemo.cpu_linear import frozen_linear
 from specdemo.drafters.contract import PROMPT, DrafterUnavailable, DraftSource, Knob, Option
 from specdemo.drafters.pld import lookup_with_ngram_length
-from specdemo.drafters.s4c.draft_step import draft_step
+from specdemo.drafters.s4c.draft_step import draft_step, varying_shape_attention
 from specdemo.drafters.s4c.heads import (  # noqa: F401  (unavailable_reason: the contract's, from heads.py)
     TRAINED_PROMPT,
     S4CArtifactError,
@@ -127,6 +127,7 @@ class S4CDrafter(Drafter):
         start = max(0, state.prompt_len - self.window) if self.window > 0 else 0
         self.cached_until = [start] * self.n_heads
         self.caches = [KVCache(capacity=cap + 64) for _ in range(self.n_heads)]
+        self._masks: dict[tuple[int, ...], torch.Tensor] = {}
         self.vocab = vocab = torch.unique(torch.cat([self.heads.draft_vocab.to(t.device),
                                                      torch.tensor(state.tokens, device=t.device, dtype=torch.long)]))
         self.target_vocab = t.lm_head.weight.shape[0]  # the width of the target's logits: the noise's length
@@ -171,7 +172,7 @@ class S4CDrafter(Drafter):
         parents = list(range(-1, c - 1))
         for s_, e in spans:
             parents += [c - 1] + list(range(s_, e - 1))
-        mask = additive_mask(ancestor_mask(parents).to(t.device), past, t.dtype)
+        mask = additive_mask(self._ancestors(parents), past, t.dtype)
         ids = torch.tensor([rows_tok], device=t.device)
         emb = heads.embed(ids).to(t.dtype)
         feat = torch.cat(rows_feat).unsqueeze(0)
@@ -182,6 +183,14 @@ class S4CDrafter(Drafter):
             self.head_outputs[h][lo : hi + 1] = out[:c]
             self.cached_until[h] = hi + 1
         return out[:c], [list(out[s:e]) for s, e in spans]
+
+    def _ancestors(self, parents: list[int]) -> torch.Tensor:
+        """ancestor_mask(parents) on the target's device, kept per request: the same few row layouts repeat step
+        after step (1-4 committed rows, then the branches), and building one is a Python loop."""
+        key = tuple(parents)
+        if key not in self._masks:
+            self._masks[key] = ancestor_mask(parents).to(self.target.device)
+        return self._masks[key]
 
     def _dist(self, state: DecodeState, rows: torch.Tensor, positions: list[int], k: int):
         """Per row (guessing the target's token at positions[i]): k candidate tokens and their log-scores."""
@@ -348,15 +357,6 @@ OPTIONS = (
     Option("calibration", "path", special=("none",), help="a calibration file, or 'none' for raw scores"),
     Option("couple", "float", 0, 8, help="sampling: draw with the target's noise, log-probs x this (0 = off)"),
 )
-
-
-def varying_shape_attention():
-    """The attention kernels for the heads' eager steps, whose shapes change every call: any but cuDNN's, which
-    plans and caches an execution graph per new shape (bf16 on an H200: 4.5 ms of CPU per call, 120 ms per draft
-    step); flash and memory-efficient attention launch at once, and a CPU's choice is among those left."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 def make(target: Target, heads: str | None = None, tree: str = "s4c", budget: int | str | None = None, topk: int = 3,
