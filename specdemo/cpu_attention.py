@@ -14,11 +14,14 @@ NAME, with the SDPA mask format; the model's code is not touched.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from specdemo.kvcache import SLOT_BLOCK
 
 NAME = "sdpa_grouped_kv"
 
@@ -55,6 +58,7 @@ def use_grouped_kv_attention(model: torch.nn.Module) -> bool:
 
 
 ROW_EXACT = "sdpa_row_exact"
+KEY_BLOCK = SLOT_BLOCK  # row-exact attention reads keys in whole blocks of this many, as the cache holds them
 
 
 @dataclass
@@ -67,6 +71,17 @@ class TreePath:
     seen: list[int]
     dst: torch.Tensor | None
     src: torch.Tensor | None
+    calls: list["_KeyBlockCall"] = field(default_factory=list)
+
+
+@dataclass
+class _KeyBlockCall:
+    """Rows of one path whose contexts round up to the same whole key blocks: one batched kernel call."""
+
+    rows: list[int]
+    length: int  # keys read, a whole number of KEY_BLOCKs
+    mask: torch.Tensor  # (rows, 1, 1, length): 0 over each row's own keys, -inf after them
+    order: torch.Tensor | slice  # the rows' queries, as an index
 
 
 def _index_pair(moves: list[tuple[int, int]]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -105,9 +120,54 @@ def _tree_plan(mask: torch.Tensor, past: int
             layout[m] = s
         rows = [r for r in seen[leaf] if r not in done]
         done.update(rows)
-        paths.append(TreePath(rows, [len(seen[r]) for r in rows], *_index_pair(moves)))
+        path = TreePath(rows, [len(seen[r]) for r in rows], *_index_pair(moves))
+        path.calls = _block_calls(path, past, mask.dtype, mask.device)
+        paths.append(path)
     mask._paths = plan = (paths, _index_pair([(m, m) for m, s in enumerate(layout) if s != m]))
     return plan
+
+
+def _blocks(length: int) -> int:
+    """`length` keys rounded up to whole KEY_BLOCKs."""
+    return -(-length // KEY_BLOCK) * KEY_BLOCK
+
+
+def _block_calls(path: TreePath, past: int, dtype: torch.dtype, device: torch.device) -> list[_KeyBlockCall]:
+    """The path's rows grouped by the key blocks their contexts fill, each group with its masks."""
+    groups: dict[int, list[int]] = {}
+    for i, seen in enumerate(path.seen):
+        groups.setdefault(_blocks(past + seen), []).append(i)
+    calls = []
+    for length, members in groups.items():
+        rows = [path.rows[i] for i in members]
+        mask = torch.cat([_tail_mask(past + path.seen[i], length, dtype) for i in members]).to(device)
+        run = rows == list(range(rows[0], rows[0] + len(rows)))
+        calls.append(_KeyBlockCall(rows, length, mask, slice(rows[0], rows[0] + len(rows)) if run else
+                                   torch.tensor(rows, device=device)))
+    return calls
+
+
+@lru_cache(maxsize=16)
+def _tail_mask(valid: int, length: int, dtype: torch.dtype) -> torch.Tensor:
+    """(1, 1, 1, length) additive mask on the CPU: the first `valid` keys seen, the block's rest not."""
+    mask = torch.full((1, 1, 1, length), float("-inf"), dtype=dtype)
+    mask[..., :valid] = 0
+    return mask
+
+
+def _block_keys(t: torch.Tensor, length: int) -> torch.Tensor:
+    """`t` (batch, heads, keys, dim) read as `length` >= its keys: from the engine's cache, the view of its buffer in
+    whole blocks that it hands out with the keys (`SlotLayer.update`: `t.blocks`; the slots start zeroed); else a copy
+    padded with zeros.  What lies after the keys is masked and enters with weight exactly 0."""
+    n = t.shape[2]
+    if n >= length:
+        return t[:, :, :length]
+    blocks = getattr(t, "blocks", None)
+    if blocks is not None and blocks.shape[2] >= length:
+        return blocks if blocks.shape[2] == length else blocks[:, :, :length]
+    padded = t.new_zeros(*t.shape[:2], length, t.shape[3])
+    padded[:, :, :n] = t
+    return padded
 
 
 def row_exact_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -118,10 +178,15 @@ def row_exact_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     Why: at bf16 and int4 precision every linear rounds its input to bf16, so the last-bit differences between a
     masked multi-row attention and a one-token one (the kernel blocks and sums the keys differently) grow into changes
     that flip near-ties, and the drafted output parts from plain decoding.  Here every verification row makes the
-    very call a one-token step makes: one query, no mask, over the contiguous keys of its own context.  The rows of a
+    very call a one-token step makes: one query over the contiguous keys of its own context.  The rows of a
     root-to-leaf path share one layout of the cache (`_tree_plan`: a side branch's entries moved right after the
-    context once per path), and the tree's own entries are put back afterwards.  Rows cost one kernel call each, so
-    trees pay more than with one masked call (tests/test_cpu_attention.py checks the bits)."""
+    context once per path), and the tree's own entries are put back afterwards.
+
+    Every call reads its keys in whole blocks of KEY_BLOCK, the keys past a row's own masked: the flash kernel
+    computes each (batch, head) pair alone, so the rows of a path whose contexts fill the same blocks go through one
+    call as a batch over the same keys (`expand`, no copy) and still get the bits of their one-token calls, which read
+    the same blocks: a 4-row chain costs ~2/3 of four calls, a one-token call a few µs more for its mask
+    (docs/precision.md; tests/test_cpu_attention.py checks the bits)."""
     n, total = query.shape[2], key.shape[2]
     past = total - n
     if getattr(module, "prefilling", False) and past == 0 and attention_mask is None and n > 1:
@@ -130,19 +195,27 @@ def row_exact_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
         return grouped_kv_sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                is_causal=is_causal, **kwargs)
     if attention_mask is None:  # a one-token step: the call every tree row repeats
-        out = F.scaled_dot_product_attention(query, key, value, scale=scaling, enable_gqa=True)
+        keys, values = getattr(key, "blocks", None), getattr(value, "blocks", None)  # the cache's, when it has room
+        if keys is None or values is None:
+            keys, values = _block_keys(key, _blocks(total)), _block_keys(value, _blocks(total))
+        out = F.scaled_dot_product_attention(query, keys, values, scale=scaling, enable_gqa=True,
+                                             attn_mask=_tail_mask(total, keys.shape[2], query.dtype))
         return out.transpose(1, 2), None
     paths, (dst, src) = _tree_plan(attention_mask, past)
     if any(p.dst is not None for p in paths):  # the tree's own entries, the source of every move
         tree_k, tree_v = key[:, :, past:].clone(), value[:, :, past:].clone()
     out = torch.empty(query.shape[0], n, query.shape[1], value.shape[-1], dtype=query.dtype, device=query.device)
+    rows_first = query[0].transpose(0, 1).unsqueeze(2)  # (rows, heads, 1, dim): each row a batch of its own
     for p in paths:
         if p.dst is not None:
             key[:, :, past + p.dst], value[:, :, past + p.dst] = tree_k[:, :, p.src], tree_v[:, :, p.src]
-        for i, seen in zip(p.rows, p.seen):
-            row = F.scaled_dot_product_attention(query[:, :, i : i + 1], key[:, :, : past + seen],
-                                                 value[:, :, : past + seen], scale=scaling, enable_gqa=True)
-            out[:, i] = row[:, :, 0]
+        for call in p.calls:
+            keys, values = _block_keys(key, call.length), _block_keys(value, call.length)
+            if len(call.rows) > 1:  # the rows as a batch over the same keys
+                keys, values = keys.expand(len(call.rows), -1, -1, -1), values.expand(len(call.rows), -1, -1, -1)
+            got = F.scaled_dot_product_attention(rows_first[call.order], keys, values, attn_mask=call.mask,
+                                                 scale=scaling, enable_gqa=True)
+            out[0, call.order] = got[:, :, 0]
     if dst is not None:
         key[:, :, past + dst], value[:, :, past + dst] = tree_k[:, :, src], tree_v[:, :, src]
     return out, None

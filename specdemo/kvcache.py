@@ -20,6 +20,16 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 
+SLOT_BLOCK = 8  # a growing cache's capacity, and the views it hands out in whole blocks, count slots in these
+
+
+def _allocator(static: bool, device: torch.device):
+    """torch.zeros where slots past the cache's length are read (static steps; the CPU's row-exact attention reads
+    whole blocks of keys, cpu_attention.py) and enter an attention product with weight 0, which NaN in uninitialised
+    memory would turn into NaN; torch.empty elsewhere."""
+    return torch.zeros if static or device.type == "cpu" else torch.empty
+
+
 class SlotLayer(DynamicLayer):
     """One layer's KV cache in a preallocated buffer: writes in place, returns views, compacts after acceptance.
 
@@ -36,6 +46,7 @@ class SlotLayer(DynamicLayer):
         self.owner: "KVCache | None" = None  # the cache whose joint tensor holds this layer's buffers, if any
         self.index = 0  # this layer's place in it
         self.joint_backed = False
+        self._blocks: tuple[int, tuple[torch.Tensor, torch.Tensor] | None] = (0, None)  # length, (K, V) views
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
@@ -43,11 +54,13 @@ class SlotLayer(DynamicLayer):
         self.joint_backed = views is not None
         if views is not None:
             self._k, self._v = views
+            self._blocks = (0, None)
         else:
             b, h, _, d = key_states.shape
-            alloc = torch.zeros if self.static else torch.empty
+            alloc = _allocator(self.static, key_states.device)
             self._k = alloc(b, h, self.capacity, d, dtype=self.dtype, device=self.device)
             self._v = alloc(b, h, self.capacity, value_states.shape[-1], dtype=self.dtype, device=self.device)
+            self._blocks = (0, None)
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
@@ -63,7 +76,7 @@ class SlotLayer(DynamicLayer):
         if end > self.capacity:  # rare (the engine sizes the capacity per request): grow geometrically
             if self.static:
                 raise RuntimeError(f"a static KV cache of {self.capacity} slots cannot take {end} entries")
-            self.capacity = max(end, 2 * self.capacity)
+            self.capacity = -(-max(end, 2 * self.capacity) // SLOT_BLOCK) * SLOT_BLOCK
             k, v = self._k, self._v
             self.owner = None  # a buffer of its own from now on: the joint tensor keeps its length
             self.lazy_initialization(key_states, value_states)
@@ -73,6 +86,14 @@ class SlotLayer(DynamicLayer):
         self._v[:, :, self.length : end] = value_states
         self.length = end
         self.keys, self.values = self._k[:, :, :end], self._v[:, :, :end]
+        # the buffers up to the next whole block, handed out with the keys (`keys.blocks`) for the CPU's row-exact
+        # attention; the views change once a block, so making them costs nothing per step
+        blocks = -(-end // SLOT_BLOCK) * SLOT_BLOCK
+        if blocks != self._blocks[0]:
+            views = (self._k[:, :, :blocks], self._v[:, :, :blocks]) if blocks <= self.capacity else None
+            self._blocks = (blocks, views)
+        if self._blocks[1] is not None:
+            self.keys.blocks, self.values.blocks = self._blocks[1]
         return self.keys, self.values
 
     def get_seq_length(self) -> int:
@@ -104,7 +125,9 @@ class KVCache(Cache):
 
     def __init__(self, capacity: int = 256, static: bool = False, layers: int | None = None) -> None:
         super().__init__(layer_class_to_replicate=self._new_layer)
-        self.capacity, self.static = capacity, static
+        # whole blocks of slots (SLOT_BLOCK): the CPU's row-exact attention reads keys in such blocks from the buffer
+        # itself.  Static shapes keep the length they are given.
+        self.capacity, self.static = (capacity if static else -(-capacity // SLOT_BLOCK) * SLOT_BLOCK), static
         self.slots: torch.Tensor | None = None
         self.n_layers = layers  # known: the layers' buffers are views of `joint`
         self.joint: torch.Tensor | None = None  # (layers, 2, batch, kv heads, capacity, head dim)
@@ -126,7 +149,7 @@ class KVCache(Cache):
         if value_states.shape[-1] != d or index >= self.n_layers:
             return None
         if self.joint is None:
-            alloc = torch.zeros if self.static else torch.empty
+            alloc = _allocator(self.static, key_states.device)
             self.joint = alloc(shape, dtype=key_states.dtype, device=key_states.device)
         if self.joint.shape != shape or self.joint.dtype != key_states.dtype or self.joint.device != key_states.device:
             return None

@@ -20,18 +20,27 @@ def _tree_mask(parents: list[int], past: int) -> torch.Tensor:
     return additive_mask(ancestor_mask(parents), past, torch.float32)
 
 
-def _cached(keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """keys/values (1, kv heads, length, dim) as the engine's KV cache hands them to the attention function."""
-    cache = KVCache(capacity=keys.shape[2])
-    return cache.update(keys, values, 0)
+def _cached(keys: torch.Tensor, values: torch.Tensor, room: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """keys/values (1, kv heads, length, dim) as the engine's KV cache hands them to the attention function, in a
+    buffer with at least `room` more slots, filled with what earlier steps might have left there (the attention reads
+    whole blocks of keys: the cache's own views of them, or padded copies)."""
+    cache = KVCache(capacity=keys.shape[2] + room)
+    k, v = cache.update(keys, values, 0)
+    layer = cache.layers[0]
+    layer._k[:, :, keys.shape[2]:] = 100 * torch.randn_like(layer._k[:, :, keys.shape[2]:])
+    layer._v[:, :, keys.shape[2]:] = torch.randn_like(layer._v[:, :, keys.shape[2]:])
+    if room == 0:  # a tensor that is not the cache's (no block views): padded copies
+        k, v = k.clone(), v.clone()
+    return k, v
 
 
 @torch.no_grad()
 @pytest.mark.parametrize("seed", range(4))
 def test_every_tree_row_equals_a_one_token_step_bit_for_bit(seed):
-    """Random trees (chains, side branches, root-only) after random context lengths (some crossing a key block):
-    each row's output equals the one-token call over its own context and ancestors, bitwise; a kernel whose result
-    for a row depends on the other rows or on how many keys are masked fails this."""
+    """Random trees (chains, side branches, root-only) after random context lengths (some crossing a key block), from
+    the cache's block views and from padded copies: each row's output equals the one-token call over its own context
+    and ancestors, bitwise; a kernel whose result for a row depends on the other rows, on how many keys are masked or
+    on what lies behind the keys fails this."""
     rng = random.Random(seed)
     torch.manual_seed(seed)
     for _ in range(12):
@@ -39,12 +48,12 @@ def test_every_tree_row_equals_a_one_token_step_bit_for_bit(seed):
         parents = [-1] + [rng.randrange(i) if rng.random() < 0.5 else i - 1 for i in range(1, n)]
         q = torch.randn(1, 9, n, 64)
         keys, values = torch.randn(1, 3, past + n, 64), torch.randn(1, 3, past + n, 64)
-        k, v = _cached(keys, values)
+        k, v = _cached(keys, values, room=rng.choice([0, 1, 64, 200]))
         tree, _ = row_exact_sdpa(_Heads(), q, k, v, _tree_mask(parents, past), scaling=0.125)
         assert torch.equal(k, keys) and torch.equal(v, values)  # the tree's entries are back where they were
         for i in range(n):
             idx = torch.tensor(list(range(past)) + [past + j for j in path_to(parents, i)])
-            k1, v1 = _cached(keys[:, :, idx], values[:, :, idx])
+            k1, v1 = _cached(keys[:, :, idx], values[:, :, idx], room=rng.choice([0, 3, 64, 200]))
             one, _ = row_exact_sdpa(_Heads(), q[:, :, i : i + 1], k1, v1, None, scaling=0.125)
             assert torch.equal(one[0, 0], tree[0, i]), (past, parents, i)
 

@@ -98,13 +98,14 @@ def test_kv_compaction_matches_fresh_forward(tiny):
     assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("capacity", [64, 8])
+@pytest.mark.parametrize("capacity", [128, 8])
 def test_joint_kv_cache_holds_what_per_layer_buffers_hold(tiny, capacity):
     """Given the layer count, a cache keeps every layer's K and V as views of one tensor, and one gather and one
     scatter compact them all: after a tree step and a compaction its entries equal a per-layer cache's bit for bit.
-    A capacity outgrown (8) sends the layers to buffers of their own, and compaction back to the per-layer loop."""
+    A capacity outgrown (8, i.e. one block of 64 slots, for 70 entries) sends the layers to buffers of their own, and
+    compaction back to the per-layer loop."""
     torch.manual_seed(2)
-    ctx = torch.randint(100, 5000, (9,)).tolist()
+    ctx = torch.randint(100, 5000, (65,)).tolist()
     tree = DraftTree(tokens=[11, 22, 33, 44, 55], parents=[-1, -1, 1, 2, 1])
     caches = [KVCache(capacity=capacity), KVCache(capacity=capacity, layers=tiny.n_layers)]
     with torch.no_grad():
@@ -114,8 +115,8 @@ def test_joint_kv_cache_holds_what_per_layer_buffers_hold(tiny, capacity):
             tree_forward(tiny, cache, ctx[-1:] + tree.tokens, TreeBuffers.build(tree, past, tiny.device))
             cache.keep(past + 1, [past + 2, past + 3, past + 4])
     plain, joint = caches
-    assert joint._joint_ready() == (capacity == 64) and not plain._joint_ready()
-    if capacity == 64:
+    assert joint._joint_ready() == (capacity == 128) and not plain._joint_ready()
+    if capacity == 128:
         assert all(layer._k.untyped_storage().data_ptr() == joint.joint.untyped_storage().data_ptr()
                    for layer in joint.layers)
     assert plain.get_seq_length() == joint.get_seq_length() == len(ctx) + 3
