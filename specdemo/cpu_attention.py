@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from specdemo.kvcache import SLOT_BLOCK
+from specdemo.kvcache import whole_blocks
 
 NAME = "sdpa_grouped_kv"
 
@@ -58,7 +58,6 @@ def use_grouped_kv_attention(model: torch.nn.Module) -> bool:
 
 
 ROW_EXACT = "sdpa_row_exact"
-KEY_BLOCK = SLOT_BLOCK  # row-exact attention reads keys in whole blocks of this many, as the cache holds them
 
 
 @dataclass
@@ -79,7 +78,7 @@ class _KeyBlockCall:
     """Rows of one path whose contexts round up to the same whole key blocks: one batched kernel call."""
 
     rows: list[int]
-    length: int  # keys read, a whole number of KEY_BLOCKs
+    length: int  # keys read, in whole blocks (kvcache.whole_blocks)
     mask: torch.Tensor  # (rows, 1, 1, length): 0 over each row's own keys, -inf after them
     order: torch.Tensor | slice  # the rows' queries, as an index
 
@@ -127,16 +126,11 @@ def _tree_plan(mask: torch.Tensor, past: int
     return plan
 
 
-def _blocks(length: int) -> int:
-    """`length` keys rounded up to whole KEY_BLOCKs."""
-    return -(-length // KEY_BLOCK) * KEY_BLOCK
-
-
 def _block_calls(path: TreePath, past: int, dtype: torch.dtype, device: torch.device) -> list[_KeyBlockCall]:
     """The path's rows grouped by the key blocks their contexts fill, each group with its masks."""
     groups: dict[int, list[int]] = {}
     for i, seen in enumerate(path.seen):
-        groups.setdefault(_blocks(past + seen), []).append(i)
+        groups.setdefault(whole_blocks(past + seen), []).append(i)
     calls = []
     for length, members in groups.items():
         rows = [path.rows[i] for i in members]
@@ -182,7 +176,7 @@ def row_exact_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     root-to-leaf path share one layout of the cache (`_tree_plan`: a side branch's entries moved right after the
     context once per path), and the tree's own entries are put back afterwards.
 
-    Every call reads its keys in whole blocks of KEY_BLOCK, the keys past a row's own masked: the flash kernel
+    Every call reads its keys in whole blocks (`kvcache.SLOT_BLOCK`), the keys past a row's own masked: the flash kernel
     computes each (batch, head) pair alone, so the rows of a path whose contexts fill the same blocks go through one
     call as a batch over the same keys (`expand`, no copy) and still get the bits of their one-token calls, which read
     the same blocks: a 4-row chain costs ~2/3 of four calls, a one-token call a few µs more for its mask
@@ -197,7 +191,7 @@ def row_exact_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     if attention_mask is None:  # a one-token step: the call every tree row repeats
         keys, values = getattr(key, "blocks", None), getattr(value, "blocks", None)  # the cache's, when it has room
         if keys is None or values is None:
-            keys, values = _block_keys(key, _blocks(total)), _block_keys(value, _blocks(total))
+            keys, values = _block_keys(key, whole_blocks(total)), _block_keys(value, whole_blocks(total))
         out = F.scaled_dot_product_attention(query, keys, values, scale=scaling, enable_gqa=True,
                                              attn_mask=_tail_mask(total, keys.shape[2], query.dtype))
         return out.transpose(1, 2), None

@@ -23,6 +23,11 @@ from transformers.cache_utils import Cache, DynamicLayer
 SLOT_BLOCK = 8  # a growing cache's capacity, and the views it hands out in whole blocks, count slots in these
 
 
+def whole_blocks(slots: int) -> int:
+    """`slots` rounded up to whole SLOT_BLOCKs."""
+    return -(-slots // SLOT_BLOCK) * SLOT_BLOCK
+
+
 def _allocator(static: bool, device: torch.device):
     """torch.zeros where slots past the cache's length are read (static steps; the CPU's row-exact attention reads
     whole blocks of keys, cpu_attention.py) and enter an attention product with weight 0, which NaN in uninitialised
@@ -54,13 +59,12 @@ class SlotLayer(DynamicLayer):
         self.joint_backed = views is not None
         if views is not None:
             self._k, self._v = views
-            self._blocks = (0, None)
         else:
             b, h, _, d = key_states.shape
             alloc = _allocator(self.static, key_states.device)
             self._k = alloc(b, h, self.capacity, d, dtype=self.dtype, device=self.device)
             self._v = alloc(b, h, self.capacity, value_states.shape[-1], dtype=self.dtype, device=self.device)
-            self._blocks = (0, None)
+        self._blocks = (0, None)  # the block views (update) of any earlier buffers are stale
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
@@ -76,7 +80,7 @@ class SlotLayer(DynamicLayer):
         if end > self.capacity:  # rare (the engine sizes the capacity per request): grow geometrically
             if self.static:
                 raise RuntimeError(f"a static KV cache of {self.capacity} slots cannot take {end} entries")
-            self.capacity = -(-max(end, 2 * self.capacity) // SLOT_BLOCK) * SLOT_BLOCK
+            self.capacity = whole_blocks(max(end, 2 * self.capacity))
             k, v = self._k, self._v
             self.owner = None  # a buffer of its own from now on: the joint tensor keeps its length
             self.lazy_initialization(key_states, value_states)
@@ -88,7 +92,7 @@ class SlotLayer(DynamicLayer):
         self.keys, self.values = self._k[:, :, :end], self._v[:, :, :end]
         # the buffers up to the next whole block, handed out with the keys (`keys.blocks`) for the CPU's row-exact
         # attention; the views change once a block, so making them costs nothing per step
-        blocks = -(-end // SLOT_BLOCK) * SLOT_BLOCK
+        blocks = whole_blocks(end)
         if blocks != self._blocks[0]:
             views = (self._k[:, :, :blocks], self._v[:, :, :blocks]) if blocks <= self.capacity else None
             self._blocks = (blocks, views)
@@ -127,7 +131,7 @@ class KVCache(Cache):
         super().__init__(layer_class_to_replicate=self._new_layer)
         # whole blocks of slots (SLOT_BLOCK): the CPU's row-exact attention reads keys in such blocks from the buffer
         # itself.  Static shapes keep the length they are given.
-        self.capacity, self.static = (capacity if static else -(-capacity // SLOT_BLOCK) * SLOT_BLOCK), static
+        self.capacity, self.static = (capacity if static else whole_blocks(capacity)), static
         self.slots: torch.Tensor | None = None
         self.n_layers = layers  # known: the layers' buffers are views of `joint`
         self.joint: torch.Tensor | None = None  # (layers, 2, batch, kv heads, capacity, head dim)
