@@ -62,9 +62,9 @@ ROW_EXACT = "sdpa_row_exact"
 
 @dataclass
 class TreePath:
-    """Rows of a tree forward that share one layout of the cache: once the entries `src` are moved to the slots `dst`
-    (tree-relative), each row's ancestors and itself lie right after the context; row `rows[i]` sees the first
-    `seen[i]` tree slots."""
+    """Rows of a tree forward that share one layout of the cache: once the tree entries `src` are moved to the cache
+    slots `dst`, each row's ancestors and itself lie right after the context; row `rows[i]` sees the first `seen[i]`
+    tree slots."""
 
     rows: list[int]
     seen: list[int]
@@ -83,12 +83,14 @@ class _KeyBlockCall:
     order: torch.Tensor | slice  # the rows' queries, as an index
 
 
-def _index_pair(moves: list[tuple[int, int]]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """(destination slots, source entries) as index tensors; (None, None) for no moves."""
+def _index_pair(moves: list[tuple[int, int]], past: int, device: torch.device
+                ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(destination cache slots, source tree entries) as index tensors for tree-relative (slot, entry) moves after
+    `past` cached entries; (None, None) for no moves."""
     if not moves:
         return None, None
     dst, src = zip(*moves)
-    return torch.tensor(dst), torch.tensor(src)
+    return torch.tensor(dst, device=device) + past, torch.tensor(src, device=device)
 
 
 def _tree_plan(mask: torch.Tensor, past: int
@@ -102,7 +104,8 @@ def _tree_plan(mask: torch.Tensor, past: int
     plan = getattr(mask, "_paths", None)
     if plan is not None:
         return plan
-    seen = [[j for j, ok in enumerate(row) if ok] for row in (mask[0, 0, :, past:] == 0).tolist()]
+    real = _real_rows(mask)  # real rows never hang off probes: they form a tree of their own
+    seen = [[j for j, ok in enumerate(row) if ok] for row in (mask[0, 0, :real, past : past + real] == 0).tolist()]
     children: dict[int, list[int]] = {}
     for i, path in enumerate(seen):
         children.setdefault(path[-2] if len(path) > 1 else -1, []).append(i)
@@ -119,11 +122,16 @@ def _tree_plan(mask: torch.Tensor, past: int
             layout[m] = s
         rows = [r for r in seen[leaf] if r not in done]
         done.update(rows)
-        path = TreePath(rows, [len(seen[r]) for r in rows], *_index_pair(moves))
+        path = TreePath(rows, [len(seen[r]) for r in rows], *_index_pair(moves, past, mask.device))
         path.calls = _block_calls(path, past, mask.dtype, mask.device)
         paths.append(path)
-    mask._paths = plan = (paths, _index_pair([(m, m) for m, s in enumerate(layout) if s != m]))
+    mask._paths = plan = (paths, _index_pair([(m, m) for m, s in enumerate(layout) if s != m], past, mask.device))
     return plan
+
+
+def _real_rows(mask: torch.Tensor) -> int:
+    """How many of a tree forward's first rows are not probes (tree.TreeBuffers.attention_mask marks them)."""
+    return getattr(mask, "probes_from", None) or mask.shape[2]
 
 
 def _block_calls(path: TreePath, past: int, dtype: torch.dtype, device: torch.device) -> list[_KeyBlockCall]:
@@ -174,7 +182,9 @@ def row_exact_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     that flip near-ties, and the drafted output parts from plain decoding.  Here every verification row makes the
     very call a one-token step makes: one query over the contiguous keys of its own context.  The rows of a
     root-to-leaf path share one layout of the cache (`_tree_plan`: a side branch's entries moved right after the
-    context once per path), and the tree's own entries are put back afterwards.
+    context once per path), and the tree's own entries are put back afterwards.  Probe rows (SDSAT's adaptive tokens,
+    the last rows where `tree.TreeBuffers.attention_mask` marks them) are never accepted and their outputs only draft,
+    so they need no one-token bits: they go through one masked call over every key, before the moves.
 
     Every call reads its keys in whole blocks (`kvcache.SLOT_BLOCK`), the keys past a row's own masked: the flash kernel
     computes each (batch, head) pair alone, so the rows of a path whose contexts fill the same blocks go through one
@@ -196,13 +206,19 @@ def row_exact_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
                                              attn_mask=_tail_mask(total, keys.shape[2], query.dtype))
         return out.transpose(1, 2), None
     paths, (dst, src) = _tree_plan(attention_mask, past)
+    out = torch.empty(query.shape[0], n, query.shape[1], value.shape[-1], dtype=query.dtype, device=query.device)
+    real = _real_rows(attention_mask)
+    if real < n:  # probe rows only draft, so they need no one-token bits: one masked call, before any move
+        got = F.scaled_dot_product_attention(query[:, :, real:], key, value, attn_mask=attention_mask[:, :, real:],
+                                             scale=scaling, enable_gqa=True)
+        out[0, real:] = got[0].transpose(0, 1)
     if any(p.dst is not None for p in paths):  # the tree's own entries, the source of every move
         tree_k, tree_v = key[:, :, past:].clone(), value[:, :, past:].clone()
-    out = torch.empty(query.shape[0], n, query.shape[1], value.shape[-1], dtype=query.dtype, device=query.device)
     rows_first = query[0].transpose(0, 1).unsqueeze(2)  # (rows, heads, 1, dim): each row a batch of its own
     for p in paths:
         if p.dst is not None:
-            key[:, :, past + p.dst], value[:, :, past + p.dst] = tree_k[:, :, p.src], tree_v[:, :, p.src]
+            key.index_copy_(2, p.dst, tree_k.index_select(2, p.src))
+            value.index_copy_(2, p.dst, tree_v.index_select(2, p.src))
         for call in p.calls:
             keys, values = _block_keys(key, call.length), _block_keys(value, call.length)
             if len(call.rows) > 1:  # the rows as a batch over the same keys
@@ -211,7 +227,8 @@ def row_exact_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
                                                  scale=scaling, enable_gqa=True)
             out[0, call.order] = got[:, :, 0]
     if dst is not None:
-        key[:, :, past + dst], value[:, :, past + dst] = tree_k[:, :, src], tree_v[:, :, src]
+        key.index_copy_(2, dst, tree_k.index_select(2, src))
+        value.index_copy_(2, dst, tree_v.index_select(2, src))
     return out, None
 
 

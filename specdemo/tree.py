@@ -162,6 +162,7 @@ class TreeBuffers:
     mask: torch.Tensor
     positions: torch.Tensor
     children: list[dict[int, int]] = field(repr=False)
+    probes_from: int | None = None  # the first tree position of the probes when they are the last rows; else None
 
     @classmethod
     def build(cls, tree: DraftTree, root_pos: int, device: torch.device | str = "cpu") -> "TreeBuffers":
@@ -175,11 +176,18 @@ class TreeBuffers:
             if not tree.is_probe(i - 1):
                 children[p].setdefault(tree.tokens[i - 1], i)  # first of duplicate siblings wins
         depth_t = torch.tensor(depth, dtype=torch.long)
-        return cls(n, depth_t.to(device), ancestor_mask(parent).to(device), (depth_t + root_pos).to(device), children)
+        probes = [i + 1 for i in range(len(tree)) if tree.is_probe(i)]
+        probes_from = probes[0] if probes and probes == list(range(probes[0], n)) else None
+        return cls(n, depth_t.to(device), ancestor_mask(parent).to(device), (depth_t + root_pos).to(device), children,
+                   probes_from)
 
     def attention_mask(self, past: int, dtype: torch.dtype) -> torch.Tensor:
-        """Additive 4D mask (1, 1, n, past + n): the whole committed context plus ancestors-and-self in the tree."""
-        return additive_mask(self.mask, past, dtype)
+        """Additive 4D mask (1, 1, n, past + n): the whole committed context plus ancestors-and-self in the tree.
+        Where the probes are the last rows, the mask says from which row (`probes_from`): their outputs only draft,
+        so the CPU's row-exact attention computes them in one call (cpu_attention.row_exact_sdpa)."""
+        mask = additive_mask(self.mask, past, dtype)
+        mask.probes_from = self.probes_from
+        return mask
 
 
 @dataclass

@@ -8,7 +8,7 @@ import torch
 
 from specdemo.cpu_attention import row_exact_sdpa
 from specdemo.kvcache import KVCache
-from specdemo.tree import additive_mask, ancestor_mask, path_to
+from specdemo.tree import DraftTree, TreeBuffers, additive_mask, ancestor_mask, path_to
 
 
 class _Heads(torch.nn.Module):
@@ -71,3 +71,35 @@ def test_row_exact_attention_is_attention():
     want = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=0.125,
                                                             enable_gqa=True).transpose(1, 2)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("seed", range(3))
+def test_probe_rows_are_attention_and_leave_the_real_rows_exact(seed):
+    """Trees with SDSAT-style probe chains (the last rows, marked on the engine's mask): every real row still equals its
+    one-token call bitwise, the probe rows equal torch's masked attention to float rounding, the cache is left as it
+    was; probes in the middle of a tree (not marked) go the exact way like any row."""
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    for _ in range(8):
+        past, n_real, n_probe = rng.randint(1, 400), rng.randint(1, 6), rng.randint(1, 6)
+        parents = [-1] + [rng.randrange(i) if rng.random() < 0.5 else i - 1 for i in range(1, n_real)]
+        probe_parents = [rng.randrange(-1, n_real - 1)]  # hung under the root or a real node (tree indices)
+        probe_parents += [n_real - 1 + j for j in range(n_probe - 1)]  # then a chain
+        tree = DraftTree(list(range(n_real - 1 + n_probe)), [p - 1 for p in parents[1:]] + probe_parents,
+                         probe=[False] * (n_real - 1) + [True] * n_probe)
+        buf = TreeBuffers.build(tree, past)
+        n = buf.n
+        mask = buf.attention_mask(past, torch.float32)
+        assert mask.probes_from == n_real
+        q = torch.randn(1, 9, n, 64)
+        keys, values = torch.randn(1, 3, past + n, 64), torch.randn(1, 3, past + n, 64)
+        k, v = _cached(keys, values, room=rng.choice([0, 64]))
+        got, _ = row_exact_sdpa(_Heads(), q, k, v, mask, scaling=0.125)
+        assert torch.equal(k, keys) and torch.equal(v, values)
+        exact, _ = row_exact_sdpa(_Heads(), q, keys.clone(), values.clone(), additive_mask(buf.mask, past, torch.float32),
+                                  scaling=0.125)  # the same tree unmarked: every row its one-token bits
+        assert torch.equal(got[0, :n_real], exact[0, :n_real])
+        torch.testing.assert_close(got[0, n_real:], exact[0, n_real:], atol=1e-5, rtol=1e-5)
+    middle = DraftTree([1, 2, 3], [-1, -1, 1], probe=[True, False, False])
+    assert TreeBuffers.build(middle, 5).attention_mask(5, torch.float32).probes_from is None
