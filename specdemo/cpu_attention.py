@@ -206,30 +206,42 @@ def row_exact_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
                                              attn_mask=_tail_mask(total, keys.shape[2], query.dtype))
         return out.transpose(1, 2), None
     paths, (dst, src) = _tree_plan(attention_mask, past)
-    out = torch.empty(query.shape[0], n, query.shape[1], value.shape[-1], dtype=query.dtype, device=query.device)
     real = _real_rows(attention_mask)
+    rows_first = query[0].transpose(0, 1).unsqueeze(2)  # (rows, heads, 1, dim): each row a batch of its own
+    if real == n and len(paths) == 1 and len(paths[0].calls) == 1:  # a chain in one call (no moves): its output
+        return _block_call(rows_first, key, value, paths[0].calls[0], scaling)[:, :, 0].unsqueeze(0), None
+    out = torch.empty(query.shape[0], n, query.shape[1], value.shape[-1], dtype=query.dtype, device=query.device)
     if real < n:  # probe rows only draft, so they need no one-token bits: one masked call, before any move
         got = F.scaled_dot_product_attention(query[:, :, real:], key, value, attn_mask=attention_mask[:, :, real:],
                                              scale=scaling, enable_gqa=True)
         out[0, real:] = got[0].transpose(0, 1)
     if any(p.dst is not None for p in paths):  # the tree's own entries, the source of every move
         tree_k, tree_v = key[:, :, past:].clone(), value[:, :, past:].clone()
-    rows_first = query[0].transpose(0, 1).unsqueeze(2)  # (rows, heads, 1, dim): each row a batch of its own
     for p in paths:
         if p.dst is not None:
             key.index_copy_(2, p.dst, tree_k.index_select(2, p.src))
             value.index_copy_(2, p.dst, tree_v.index_select(2, p.src))
         for call in p.calls:
-            keys, values = _block_keys(key, call.length), _block_keys(value, call.length)
-            if len(call.rows) > 1:  # the rows as a batch over the same keys
-                keys, values = keys.expand(len(call.rows), -1, -1, -1), values.expand(len(call.rows), -1, -1, -1)
-            got = F.scaled_dot_product_attention(rows_first[call.order], keys, values, attn_mask=call.mask,
-                                                 scale=scaling, enable_gqa=True)
-            out[0, call.order] = got[:, :, 0]
+            got = _block_call(rows_first, key, value, call, scaling)[:, :, 0]
+            if isinstance(call.order, slice):
+                out[0, call.order] = got
+            else:
+                out[0].index_copy_(0, call.order, got)
     if dst is not None:
         key.index_copy_(2, dst, tree_k.index_select(2, src))
         value.index_copy_(2, dst, tree_v.index_select(2, src))
     return out, None
+
+
+def _block_call(rows_first: torch.Tensor, key: torch.Tensor, value: torch.Tensor, call: _KeyBlockCall,
+                scaling: float | None) -> torch.Tensor:
+    """One kernel call for `call`'s rows (queries `rows_first`: one batch entry per row) over the keys in its whole
+    blocks, shared by the rows (`expand`, no copy): (rows, heads, 1, dim)."""
+    keys, values = _block_keys(key, call.length), _block_keys(value, call.length)
+    if len(call.rows) > 1:
+        keys, values = keys.expand(len(call.rows), -1, -1, -1), values.expand(len(call.rows), -1, -1, -1)
+    return F.scaled_dot_product_attention(rows_first[call.order], keys, values, attn_mask=call.mask, scale=scaling,
+                                          enable_gqa=True)
 
 
 def _bf16_prefill(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float | None) -> torch.Tensor:
