@@ -102,7 +102,7 @@ def test_kv_compaction_matches_fresh_forward(tiny):
 def test_joint_kv_cache_holds_what_per_layer_buffers_hold(tiny, capacity):
     """Given the layer count, a cache keeps every layer's K and V as views of one tensor, and one gather and one
     scatter compact them all: after a tree step and a compaction its entries equal a per-layer cache's bit for bit.
-    A capacity outgrown (8, i.e. one block of 64 slots, for 70 entries) sends the layers to buffers of their own, and
+    A capacity outgrown (8 slots, one key block, for 70 entries) sends the layers to buffers of their own, and
     compaction back to the per-layer loop."""
     torch.manual_seed(2)
     ctx = torch.randint(100, 5000, (65,)).tolist()
