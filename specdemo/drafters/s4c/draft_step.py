@@ -56,6 +56,28 @@ def draft_step(target, heads: S4CHeads) -> DraftStep | None:
     return target.artifacts[key]
 
 
+class DraftScores:
+    """The frozen LM head's rows for a request's draft vocabulary: the heads' own (`S4CHeads.draft_vocab`), packed once
+    per model and heads and kept on the model, then the request's prompt tokens outside it, packed per request.
+    Packing all of them per request (a gather of ~8,000 of the head's rows and oneDNN's reorder) cost ~11 ms of every
+    S4C request's start on the 2-core dev machine; the prompt's few extra rows cost a second small product per call."""
+
+    def __init__(self, target, heads: S4CHeads, prompt: list[int]):
+        key = ("s4c-draft-scores", id(heads))
+        if key not in target.artifacts:  # the cpu_linear comment says why packed, and why bf16
+            target.artifacts[key] = frozen_linear(heads.lm_weight(), draft_precision=True)
+        self.fixed = target.artifacts[key]
+        own = heads.draft_vocab.to(target.device)
+        asked = torch.tensor(prompt, device=target.device, dtype=torch.long).unique()
+        extra = asked[~torch.isin(asked, own)]
+        self.extra = frozen_linear(heads.lm_weight(extra), draft_precision=True) if len(extra) else None
+        self.vocab = torch.cat([own, extra])  # the token id of each column of a call's output
+
+    def __call__(self, rows: torch.Tensor) -> torch.Tensor:
+        fixed = self.fixed(rows)
+        return fixed if self.extra is None else torch.cat([fixed, self.extra(rows)], -1)
+
+
 def varying_shape_attention():
     """The attention kernels for the heads' eager steps, whose shapes change every call: any but cuDNN's, which
     plans and caches an execution graph per new shape (bf16 on an H200: 4.5 ms of CPU per call, 120 ms per draft

@@ -38,10 +38,9 @@ from specdemo.budget import (
     default_sizing,
     pick_budget,
 )
-from specdemo.cpu_linear import frozen_linear
 from specdemo.drafters.contract import PROMPT, DrafterUnavailable, DraftSource, Knob, Option
 from specdemo.drafters.pld import lookup_with_ngram_length
-from specdemo.drafters.s4c.draft_step import draft_step, varying_shape_attention
+from specdemo.drafters.s4c.draft_step import DraftScores, draft_step, varying_shape_attention
 from specdemo.drafters.s4c.heads import (  # noqa: F401  (unavailable_reason: the contract's, from heads.py)
     TRAINED_PROMPT,
     S4CArtifactError,
@@ -128,13 +127,10 @@ class S4CDrafter(Drafter):
         self.cached_until = [start] * self.n_heads
         self.caches = [KVCache(capacity=cap + 64) for _ in range(self.n_heads)]
         self._masks: dict[tuple[int, ...], torch.Tensor] = {}
-        self.vocab = vocab = torch.unique(torch.cat([self.heads.draft_vocab.to(t.device),
-                                                     torch.tensor(state.tokens, device=t.device, dtype=torch.long)]))
+        # the frozen LM head's rows for the draft vocabulary and the prompt's tokens (draft_step.DraftScores)
+        self.score = DraftScores(t, self.heads, state.tokens)
+        self.vocab = self.score.vocab
         self.target_vocab = t.lm_head.weight.shape[0]  # the width of the target's logits: the noise's length
-        # the frozen LM head's rows for the draft vocabulary, packed once per request (cpu_linear.frozen_linear): the
-        # 1-3 row products of drafting are 2-5x faster packed than as a plain product on the CPU, and half the bytes
-        # again in bf16 (they only rank candidates)
-        self.score = frozen_linear(self.heads.lm_weight(vocab), draft_precision=True)
         step = draft_step(self.target, self.heads)
         self.head_forward = step.head if step is not None else self.heads.head
 
