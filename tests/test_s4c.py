@@ -11,6 +11,7 @@ import torch
 
 from conftest import cpu_processes_env
 from specdemo.drafters import DrafterUnavailable, make_drafter, unavailable_reason
+from specdemo.drafters.s4c.draft_step import DraftScores
 from specdemo.drafters.s4c.drafter import S4CDrafter
 from specdemo.drafters.s4c.heads import (
     EMBEDDED_HEADS,
@@ -151,6 +152,24 @@ def test_draft_vocabulary_maps_to_target_ids_and_bounds_the_proposals(tiny_llama
                 if src.startswith("head")]
     assert proposed and set(proposed) <= allowed
     assert any(tok >= 2000 for tok in proposed)  # the draft vocabulary's ids themselves, not their indices 0..599
+
+
+def test_draft_scores_pack_the_draft_vocabulary_once_and_the_prompts_other_tokens_per_request(tiny_llama):
+    """A request's score columns are the heads' draft vocabulary, then the prompt's tokens outside it (each id once);
+    each column is that id's LM-head row against the rows scored (bf16 rounding where the CPU packs in bf16), and the
+    draft vocabulary's packed rows are one object across requests."""
+    t = tiny_llama
+    heads = S4CHeads(t, 3, 96, torch.arange(2000, 2600)).eval().requires_grad_(False)
+    prompt = [5, 2100, 7, 5, 2599, 3000, 7]
+    first, second = DraftScores(t, heads, prompt), DraftScores(t, heads, [9, 10])
+    assert first.vocab.tolist() == list(range(2000, 2600)) + [5, 7, 3000]
+    assert second.vocab.tolist() == list(range(2000, 2600)) + [9, 10]
+    assert first.fixed is second.fixed
+    rows = torch.randn(3, t.lm_head.weight.shape[1], generator=torch.Generator().manual_seed(0)).to(t.dtype)
+    want = rows.float() @ t.lm_head.weight[first.vocab].float().T
+    torch.testing.assert_close(first(rows).float(), want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
+    alone = DraftScores(t, heads, [2000, 2001])  # every prompt token in the draft vocabulary: one product
+    assert alone.extra is None and alone(rows).shape == (3, 600)
 
 
 def test_losslessness_tiny(tiny):
