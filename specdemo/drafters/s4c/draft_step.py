@@ -1,4 +1,5 @@
-"""The heads' forward for drafting: `S4CHeads.head`'s computation in a few large operations instead of many small ones.
+"""The heads' forward for drafting: `S4CHeads.head`'s computation in a few large operations instead of many small ones;
+and the scores of the draft vocabulary (`DraftScores`).
 
 Why: a head call drafts 1-10 rows, so on the CPU its cost is mostly the decoder layer's ~100 small operations and
 module calls, not its products.  Each head's layer runs as the target's CPU decoding step runs its layers
@@ -64,7 +65,7 @@ class DraftScores:
 
     def __init__(self, target, heads: S4CHeads, prompt: list[int]):
         key = ("s4c-draft-scores", id(heads))
-        if key not in target.artifacts:  # the cpu_linear comment says why packed, and why bf16
+        if key not in target.artifacts:  # frozen_linear's docstring says why packed, and why in bf16
             target.artifacts[key] = frozen_linear(heads.lm_weight(), draft_precision=True)
         self.fixed = target.artifacts[key]
         own = heads.draft_vocab.to(target.device)
