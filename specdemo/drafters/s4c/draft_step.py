@@ -60,8 +60,9 @@ def draft_step(target, heads: S4CHeads) -> DraftStep | None:
 class DraftScores:
     """The frozen LM head's rows for a request's draft vocabulary: the heads' own (`S4CHeads.draft_vocab`), packed once
     per model and heads and kept on the model, then the request's prompt tokens outside it, packed per request.
-    Packing all of them per request (a gather of ~8,000 of the head's rows and oneDNN's reorder) cost ~11 ms of every
-    S4C request's start on the 2-core dev machine; the prompt's few extra rows cost a second small product per call."""
+    Packing all of them per request (a gather of ~8,000 of the head's rows and oneDNN's reorder) cost ~3 ms of every
+    S4C request's start on the 2-core dev machine (docs/s4c.md); the prompt's few extra rows cost a second small
+    product per call."""
 
     def __init__(self, target, heads: S4CHeads, prompt: list[int]):
         key = ("s4c-draft-scores", id(heads))
