@@ -186,11 +186,12 @@ def row_exact_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     the last rows where `tree.TreeBuffers.attention_mask` marks them) are never accepted and their outputs only draft,
     so they need no one-token bits: they go through one masked call over every key, before the moves.
 
-    Every call reads its keys in whole blocks (`kvcache.SLOT_BLOCK`), the keys past a row's own masked: the flash kernel
-    computes each (batch, head) pair alone, so the rows of a path whose contexts fill the same blocks go through one
-    call as a batch over the same keys (`expand`, no copy) and still get the bits of their one-token calls, which read
-    the same blocks: a 4-row chain costs ~2/3 of four calls, a one-token call a few µs more for its mask
-    (docs/precision.md; tests/test_cpu_attention.py checks the bits)."""
+    Every call reads its keys in whole blocks (`kvcache.SLOT_BLOCK`), the keys past a row's own masked.  Where the
+    flash kernel computes each (batch, head) pair alone (`batches_are_exact` checks it on this machine), the rows of a
+    path whose contexts fill the same blocks go through one call as a batch over the same keys (`expand`, no copy) and
+    still get the bits of their one-token calls, which read the same blocks: a 4-row chain costs ~2/3 of four calls;
+    elsewhere each row makes its own call.  A one-token call pays a few µs more for its mask (docs/precision.md;
+    tests/test_cpu_attention.py checks the bits)."""
     n, total = query.shape[2], key.shape[2]
     past = total - n
     if getattr(module, "prefilling", False) and past == 0 and attention_mask is None and n > 1:
@@ -235,13 +236,40 @@ def row_exact_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
 
 def _block_call(rows_first: torch.Tensor, key: torch.Tensor, value: torch.Tensor, call: _KeyBlockCall,
                 scaling: float | None) -> torch.Tensor:
-    """One kernel call for `call`'s rows (queries `rows_first`: one batch entry per row) over the keys in its whole
-    blocks, shared by the rows (`expand`, no copy): (rows, heads, 1, dim)."""
+    """`call`'s rows (queries `rows_first`: one batch entry per row) over the keys in its whole blocks: one kernel
+    call with the keys shared by the rows (`expand`, no copy) where this machine's kernel gives a batch's rows the
+    bits of their one-row calls (`batches_are_exact`), else one call per row; (rows, heads, 1, dim)."""
     keys, values = _block_keys(key, call.length), _block_keys(value, call.length)
-    if len(call.rows) > 1:
-        keys, values = keys.expand(len(call.rows), -1, -1, -1), values.expand(len(call.rows), -1, -1, -1)
-    return F.scaled_dot_product_attention(rows_first[call.order], keys, values, attn_mask=call.mask, scale=scaling,
-                                          enable_gqa=True)
+    queries, rows = rows_first[call.order], len(call.rows)
+    if rows > 1 and not batches_are_exact(torch.get_num_threads(), *queries.shape[1:], keys.shape[1]):
+        return torch.cat([F.scaled_dot_product_attention(queries[i : i + 1], keys, values, attn_mask=call.mask[i : i + 1],
+                                                         scale=scaling, enable_gqa=True) for i in range(rows)])
+    if rows > 1:
+        keys, values = keys.expand(rows, -1, -1, -1), values.expand(rows, -1, -1, -1)
+    return F.scaled_dot_product_attention(queries, keys, values, attn_mask=call.mask, scale=scaling, enable_gqa=True)
+
+
+@lru_cache(maxsize=16)
+def batches_are_exact(threads: int, heads: int, queries: int, dim: int, kv_heads: int) -> bool:
+    """Whether torch's CPU flash kernel, at `threads` threads, gives every query of a batch over shared keys the bits
+    of its own one-query call.  It depends on the machine: on some CPUs (the 2-core AMD EPYC with AVX-512 bf16) the
+    kernel splits a batch smaller than the thread count along the keys, one part per thread, and sums the parts in
+    another order than one thread's pass, so a one-token step (a batch of one) and the same row in a batch of two
+    differ in the last bits; on others (the 2-core Intel Xeon with AMX) it never did.  Checked once per thread count
+    and shape on random queries over several key lengths, batches of 2-8 and masked tails, as a step's calls are."""
+    g = torch.Generator().manual_seed(0)
+    for length in (8, 64, 680, 2056):
+        k, v = (torch.randn(1, kv_heads, length, dim, generator=g) for _ in range(2))
+        for rows in (2, 3, 5, 8):
+            q = torch.randn(rows, heads, queries, dim, generator=g)
+            mask = torch.zeros(rows, 1, 1, length)
+            mask[1:, ..., length - 3 :] = float("-inf")
+            batch = F.scaled_dot_product_attention(q, k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1),
+                                                   attn_mask=mask, enable_gqa=True)
+            if any(not torch.equal(batch[i : i + 1], F.scaled_dot_product_attention(
+                    q[i : i + 1], k, v, attn_mask=mask[i : i + 1], enable_gqa=True)) for i in range(rows)):
+                return False
+    return True
 
 
 def _bf16_prefill(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float | None) -> torch.Tensor:

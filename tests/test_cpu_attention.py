@@ -6,6 +6,7 @@ import random
 import pytest
 import torch
 
+from specdemo import cpu_attention
 from specdemo.cpu_attention import row_exact_sdpa
 from specdemo.kvcache import KVCache
 from specdemo.tree import DraftTree, TreeBuffers, additive_mask, ancestor_mask, path_to
@@ -35,12 +36,16 @@ def _cached(keys: torch.Tensor, values: torch.Tensor, room: int = 0) -> tuple[to
 
 
 @torch.no_grad()
+@pytest.mark.parametrize("batched", ["as-this-machine-allows", "never"])
 @pytest.mark.parametrize("seed", range(4))
-def test_every_tree_row_equals_a_one_token_step_bit_for_bit(seed):
+def test_every_tree_row_equals_a_one_token_step_bit_for_bit(seed, batched, monkeypatch):
     """Random trees (chains, side branches, root-only) after random context lengths (some crossing a key block), from
     the cache's block views and from padded copies: each row's output equals the one-token call over its own context
     and ancestors, bitwise; a kernel whose result for a row depends on the other rows, on how many keys are masked or
-    on what lies behind the keys fails this."""
+    on what lies behind the keys fails this.  Both ways of calling the kernel for a path's rows: in batches where
+    this machine's kernel keeps their bits (`batches_are_exact`), and one call per row."""
+    if batched == "never":
+        monkeypatch.setattr(cpu_attention, "batches_are_exact", lambda *shape: False)
     rng = random.Random(seed)
     torch.manual_seed(seed)
     for _ in range(12):
