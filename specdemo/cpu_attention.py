@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from specdemo.kvcache import whole_blocks
+from specdemo.kvcache import SLOT_BLOCK, whole_blocks
 
 NAME = "sdpa_grouped_kv"
 
@@ -241,12 +241,12 @@ def _block_call(rows_first: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     bits of their one-row calls (`batches_are_exact`), else one call per row; (rows, heads, 1, dim)."""
     keys, values = _block_keys(key, call.length), _block_keys(value, call.length)
     queries, rows = rows_first[call.order], len(call.rows)
-    if rows > 1 and not batches_are_exact(torch.get_num_threads(), *queries.shape[1:], keys.shape[1]):
-        return torch.cat([F.scaled_dot_product_attention(queries[i : i + 1], keys, values, attn_mask=call.mask[i : i + 1],
-                                                         scale=scaling, enable_gqa=True) for i in range(rows)])
-    if rows > 1:
+    if rows == 1 or batches_are_exact(torch.get_num_threads(), *queries.shape[1:], keys.shape[1]):
         keys, values = keys.expand(rows, -1, -1, -1), values.expand(rows, -1, -1, -1)
-    return F.scaled_dot_product_attention(queries, keys, values, attn_mask=call.mask, scale=scaling, enable_gqa=True)
+        return F.scaled_dot_product_attention(queries, keys, values, attn_mask=call.mask, scale=scaling,
+                                              enable_gqa=True)
+    return torch.cat([F.scaled_dot_product_attention(queries[i : i + 1], keys, values, attn_mask=call.mask[i : i + 1],
+                                                     scale=scaling, enable_gqa=True) for i in range(rows)])
 
 
 @lru_cache(maxsize=16)
@@ -256,11 +256,12 @@ def batches_are_exact(threads: int, heads: int, queries: int, dim: int, kv_heads
     kernel splits a batch smaller than the thread count along the keys, one part per thread, and sums the parts in
     another order than one thread's pass, so a one-token step (a batch of one) and the same row in a batch of two
     differ in the last bits; on others (the 2-core Intel Xeon with AMX) it never did.  Checked once per thread count
-    and shape on random queries over several key lengths, batches of 2-8 and masked tails, as a step's calls are."""
+    and shape on random queries over several key lengths with masked tails, as a step's calls are, in every batch
+    size a call can have (a call's rows fill the same key blocks, so there are at most SLOT_BLOCK of them)."""
     g = torch.Generator().manual_seed(0)
     for length in (8, 64, 680, 2056):
         k, v = (torch.randn(1, kv_heads, length, dim, generator=g) for _ in range(2))
-        for rows in (2, 3, 5, 8):
+        for rows in range(2, SLOT_BLOCK + 1):
             q = torch.randn(rows, heads, queries, dim, generator=g)
             mask = torch.zeros(rows, 1, 1, length)
             mask[1:, ..., length - 3 :] = float("-inf")
