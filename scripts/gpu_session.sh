@@ -28,7 +28,8 @@
 #                  S4C_INIT=none S4C_EXTRA="--feature-layers 2 15 --epochs 12" for heads reading fused layers.
 #   sdsat-train    (named only) SDSAT's adapter, warm-started from the shipped one, over every corpus: 32 sequences a
 #                  step in one forward (`--batch`), bf16 autocast; what it does not finish by its time budget it
-#                  saves: $OUT/sdsat_train.log and the adapter's four files (assets/sdsat/embedded/).
+#                  saves: $OUT/sdsat_train.log and the adapter's four files in $OUT/sdsat_adapter.tar (for
+#                  assets/sdsat/embedded/); SDSAT_TAG and SDSAT_EXTRA run a variant beside it (below).
 # The suite needs the embedded model converted before its 8 workers start: the datastore step converts it.
 # At most 8 files come back from $OUT: these steps write 8.  (fp32 sampling, measured on 2026-11-26: identical 1.00 in
 # every mode, is `$B --dtype float32 --methods $MODES --temperature 0.8 --top-p 0.9` when wanted again.)
@@ -45,8 +46,8 @@ exec > >(tee -a "$OUT/session.log") 2>&1
 left() { echo $((END - SECONDS)); }
 step() {  # step NAME CAP COMMAND...: run under min(CAP, time left - 15 s reserve) unless done earlier, or skip
     local name=$1 cap=$2; shift 2
-    if [ ${#WANT[@]} -gt 0 ] && [[ " ${WANT[*]} " != *" $name "* ]]; then return 0; fi
-    if [ ${#WANT[@]} -eq 0 ] && [[ "$name" == *-train ]]; then return 0; fi
+    if [ ${#WANT[@]} -gt 0 ] && [[ " ${WANT[*]} " != *" ${name%%_*} "* ]]; then return 0; fi  # a tag: _NAME
+    if [ ${#WANT[@]} -eq 0 ] && [[ "$name" == *-train* ]]; then return 0; fi
     if [ -f "$DONE/$name" ]; then echo "== $name: done in an earlier call" >&2; return 0; fi
     local t; t=$(( $(left) - 15 )); [ "$t" -gt "$cap" ] && t=$cap
     if [ "$t" -lt 30 ]; then echo "== $name: skipped ($(left) s left)" >&2; return 1; fi
@@ -68,16 +69,16 @@ MODES=ar,pld,rest,s4c,sdsat
 step datastore 120 python3 -m specdemo datastore default
 step tests 170 bash -c "python3 -m pytest -n 8 -v -rfE -p no:cacheprovider --timeout 160 tests/test_cuda_graphs.py \
     tests/test_static_shapes.py tests/test_engine.py tests/test_precision.py tests/test_s4c.py tests/test_sdsat.py \
-    tests/test_rest.py > $OUT/tests.log 2>&1"; tail -25 "$OUT/tests.log"
+    tests/test_rest.py > $OUT/tests.log 2>&1"; [ -f "$OUT/tests.log" ] && tail -25 "$OUT/tests.log"
 step bench-fp32 230 $B --dtype float32 --methods $MODES,hf-static,hf --json "$OUT/${GPU}_fp32.json"
 step bench-bf16 110 $B --dtype bfloat16 --methods $MODES --json "$OUT/${GPU}_bf16.json"
-step breakdown 120 bash -c "python3 scripts/gpu_step_breakdown.py --dtype float32 --trace /tmp/trace_fp32.txt &&
+step breakdown 120 bash -c "{ python3 scripts/gpu_step_breakdown.py --dtype float32 --trace /tmp/trace_fp32.txt &&
     python3 scripts/gpu_step_breakdown.py --dtype bfloat16 &&
-    SPECDEMO_FUSED_DECODER=0 python3 scripts/gpu_step_breakdown.py --dtype float32 && cat /tmp/trace_fp32.txt" \
-    > "$OUT/breakdown.txt"
+    SPECDEMO_FUSED_DECODER=0 python3 scripts/gpu_step_breakdown.py --dtype float32 && cat /tmp/trace_fp32.txt; } \
+    > $OUT/breakdown.txt"
 step curves 110 bash -c 'for m in "--model embedded --dtype float32" "--random llama-1b --dtype bfloat16" \
     "--random llama-8b --dtype bfloat16"; do
-    python3 scripts/verify_cost_curve.py $m --device cuda --sizes 0,1,2,4,8,16,32,64,128; done' > "$OUT/curves.jsonl"
+    python3 scripts/verify_cost_curve.py $m --device cuda --sizes 0,1,2,4,8,16,32,64,128; done > "$OUT/curves.jsonl"'
 step bf16-one-bucket 90 env SPECDEMO_STATIC_BUCKETS=64 $B --dtype bfloat16 --methods $MODES \
     --json "$OUT/${GPU}_bf16_one_bucket.json"
 step layers-ab 110 env SPECDEMO_FUSED_DECODER=0 $B --dtype float32 --methods $MODES \
@@ -95,14 +96,17 @@ step s4c-train "$S4C_CAP" bash -c "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 python3 -m
 if [ -f /tmp/s4c_gpu/model.safetensors ]; then
     cp /tmp/s4c_gpu/config.json "$OUT/" && split -b 12M -d -a 2 /tmp/s4c_gpu/model.safetensors "$OUT/model.safetensors."
 fi
-# SDSAT's run 4 took 1.2 s a step of 8 sequences, one forward pair each; here a step's 32 go through in one pair
+# SDSAT's run 4 took 1.2 s a step of 8 sequences, one forward pair each; here a step's 32 go through in one pair.
+# SDSAT_EXTRA adds flags (the last of a repeated flag wins) and SDSAT_TAG names the run's files, so that two variants
+# can train side by side: `SDSAT_TAG=_wide SDSAT_EXTRA="--targets ..." bash scripts/gpu_session.sh N sdsat-train &`
+TAG=${SDSAT_TAG:-}
 SDSAT_CAP=$(( $(left) - 30 )); SDSAT_MIN=$(python3 -c "print(round(max($SDSAT_CAP - 60, 60) / 60, 2))")
-step sdsat-train "$SDSAT_CAP" bash -c "python3 -m specdemo train sdsat --model embedded --device cuda \
-    --init assets/sdsat/embedded --data $(echo $CORPORA) --out /tmp/sdsat_gpu --targets gate_proj,up_proj --L 3 \
+step sdsat-train$TAG "$SDSAT_CAP" bash -c "python3 -m specdemo train sdsat --model embedded --device cuda \
+    --init assets/sdsat/embedded --data $(echo $CORPORA) --out /tmp/sdsat_gpu$TAG --targets gate_proj,up_proj --L 3 \
     --rank 16 --alpha 16 --lr 5e-4 --warmup 10 --steps 100000 --minutes $SDSAT_MIN --seqs-per-step 32 --batch 32 \
     --autocast bf16 --rate 0.3 --max-probes 320 --heldout-max 64 --eval-every 100000 --ckpt-every 50 --seed 5 \
-    > $OUT/sdsat_train.log 2>&1"
-for f in adapter_model.safetensors adapter_config.json sdsat_embedding.safetensors sdsat_config.json; do
-    [ -f /tmp/sdsat_gpu/$f ] && cp /tmp/sdsat_gpu/$f "$OUT/"
-done
+    ${SDSAT_EXTRA:-} > $OUT/sdsat_train$TAG.log 2>&1"
+# one file for the adapter's four: at most 8 files come back
+[ -f /tmp/sdsat_gpu$TAG/adapter_model.safetensors ] && tar -C /tmp/sdsat_gpu$TAG -cf "$OUT/sdsat_adapter$TAG.tar" \
+    adapter_model.safetensors adapter_config.json sdsat_embedding.safetensors sdsat_config.json
 ls -la "$OUT"

@@ -202,6 +202,30 @@ def test_calibrate_update_keeps_other_methods_and_refuses_other_settings(tmp_pat
         calibrate._kept(out, target, prompts[:1], args)  # other prompts: its tables are not comparable
 
 
+def test_calibrate_passes_drafter_options_and_records_them(tmp_path, monkeypatch):
+    """`calibrate --option sdsat.adapter=DIR` calibrates a candidate adapter (into its own --out) rather than the
+    shipped one; the file records the options its tables were collected with."""
+    import argparse
+    from types import SimpleNamespace
+
+    from specdemo.offline import calibrate
+
+    made = []
+    monkeypatch.setattr(calibrate, "load_target", lambda name: SimpleNamespace(name="m", identity="tok"))
+    monkeypatch.setattr(calibrate, "calibration_prompts", lambda n, max_tokens, target: [("sg:a:0", [1, 2])])
+    monkeypatch.setattr(calibrate, "make_drafter", lambda method, target, **options: made.append((method, options)))
+    monkeypatch.setattr(calibrate, "generate", lambda *args, **kwargs: iter(()))
+    parser = argparse.ArgumentParser()
+    calibrate.register(parser.add_subparsers())
+    out = tmp_path / "cal.json"
+    args = parser.parse_args(["calibrate", "--methods", "sdsat", "--modes", "greedy", "--option", "sdsat.adapter=runs/x",
+                              "--option", "sdsat.k=2", "--out", str(out)])
+    assert args.func(args) == 0
+    assert made == [("sdsat", {**calibrate.METHOD_OPTIONS["sdsat"], "adapter": "runs/x", "k": 2})]
+    collection = json.loads(out.read_text())["collection"]
+    assert collection["sdsat"]["adapter"] == "runs/x" and collection["rest"] == calibrate.METHOD_OPTIONS["rest"]
+
+
 def test_every_default_tree_fits_the_engines_cap():
     """The engine trims any tree to `GenerationConfig.max_tree_nodes` in tree order (not best-first): a default above
     it would silently lose its best nodes."""

@@ -26,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+from specdemo.bench import parse_options
 from specdemo.calibration import FORMAT, default_path, fit
 from specdemo.drafters import make_drafter
 from specdemo.engine import GenerationConfig, generate
@@ -97,6 +98,9 @@ def register(sub) -> None:
     p.add_argument("--tune-prompts", default=None, metavar="PATH.jsonl",
                    help="instead of calibrating, write the tuning prompts (the turns after the calibration's) here")
     p.add_argument("--tune-n", type=int, default=24, help="with --tune-prompts: how many")
+    p.add_argument("--option", action="append", default=[],
+                   help="METHOD.NAME=VALUE drafter option, repeatable (e.g. sdsat.adapter=DIR to calibrate a candidate "
+                        "adapter into its own --out before comparing it with the bench)")
     p.set_defaults(func=_cli)
 
 
@@ -133,6 +137,7 @@ def _cli(args) -> int:
     unknown = [m for m in methods if m not in METHOD_OPTIONS]
     if unknown:
         raise ValueError(f"calibrate knows {', '.join(METHOD_OPTIONS)}; got {', '.join(unknown)}")
+    options = parse_options(args.option)
     target = load_target(args.model)
     if args.tune_prompts:
         n = write_tune_prompts(target, Path(args.tune_prompts), args.tune_n, args.prompts, args.max_prompt_tokens)
@@ -147,7 +152,7 @@ def _cli(args) -> int:
         for method in methods:
             rows, t0 = [], time.perf_counter()
             for k, (pid, ids) in enumerate(prompts):
-                drafter = make_drafter(method, target, **METHOD_OPTIONS[method])
+                drafter = make_drafter(method, target, **METHOD_OPTIONS[method], **options.get(method, {}))
                 cfg = GenerationConfig(max_new_tokens=args.max_new_tokens, sampling=sampling)
                 rows += node_rows(generate(target, ids, drafter, cfg))
                 print(f"\r{mode} {method}: {k + 1}/{len(prompts)} prompts, {len(rows)} nodes", end="",
@@ -158,7 +163,7 @@ def _cli(args) -> int:
             commands.setdefault(mode, {})[method] = command
     data = {"format": FORMAT, "version": 1, "model": target.name, "tokenizer": target.identity,
             "commands": commands, "prompts": [pid for pid, _ in prompts], "max_new_tokens": args.max_new_tokens,
-            "sampling": SAMPLING, "collection": METHOD_OPTIONS, "counts": counts, "tables": tables}
+            "sampling": SAMPLING, "collection": {m: {**o, **options.get(m, {})} for m, o in METHOD_OPTIONS.items()}, "counts": counts, "tables": tables}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1))
