@@ -218,12 +218,14 @@ def test_calibrate_passes_drafter_options_and_records_them(tmp_path, monkeypatch
     parser = argparse.ArgumentParser()
     calibrate.register(parser.add_subparsers())
     out = tmp_path / "cal.json"
-    args = parser.parse_args(["calibrate", "--methods", "sdsat", "--modes", "greedy", "--option", "sdsat.adapter=runs/x",
-                              "--option", "sdsat.k=2", "--out", str(out)])
+    args = parser.parse_args(["calibrate", "--methods", "sdsat", "--modes", "greedy", "--option",
+                              "sdsat.adapter=runs/x", "--option", "sdsat.k=2", "--out", str(out)])
     assert args.func(args) == 0
     assert made == [("sdsat", {**calibrate.METHOD_OPTIONS["sdsat"], "adapter": "runs/x", "k": 2})]
     collection = json.loads(out.read_text())["collection"]
     assert collection["sdsat"]["adapter"] == "runs/x" and collection["rest"] == calibrate.METHOD_OPTIONS["rest"]
+    with pytest.raises(ValueError, match="not with --update"):
+        args.func(parser.parse_args(["calibrate", "--option", "sdsat.k=2", "--update"]))
 
 
 def test_every_default_tree_fits_the_engines_cap():

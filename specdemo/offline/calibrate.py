@@ -138,6 +138,9 @@ def _cli(args) -> int:
     if unknown:
         raise ValueError(f"calibrate knows {', '.join(METHOD_OPTIONS)}; got {', '.join(unknown)}")
     options = parse_options(args.option)
+    if options and args.update:
+        raise ValueError("--option calibrates a variant into a file of its own (--out): not with --update, which "
+                         "would mix its tables with those of the shipped drafters")
     target = load_target(args.model)
     if args.tune_prompts:
         n = write_tune_prompts(target, Path(args.tune_prompts), args.tune_n, args.prompts, args.max_prompt_tokens)
@@ -147,12 +150,13 @@ def _cli(args) -> int:
     out = Path(args.out) if args.out else default_path(target.name)
     command = "python -m specdemo calibrate " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["calibrate"] else [])
     tables, counts, commands = _kept(out, target, prompts, args) if args.update else ({}, {}, {})
+    collection = {m: {**o, **options.get(m, {})} for m, o in METHOD_OPTIONS.items()}
     for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
         sampling = SamplingConfig() if mode == "greedy" else SamplingConfig(**SAMPLING)
         for method in methods:
             rows, t0 = [], time.perf_counter()
             for k, (pid, ids) in enumerate(prompts):
-                drafter = make_drafter(method, target, **METHOD_OPTIONS[method], **options.get(method, {}))
+                drafter = make_drafter(method, target, **collection[method])
                 cfg = GenerationConfig(max_new_tokens=args.max_new_tokens, sampling=sampling)
                 rows += node_rows(generate(target, ids, drafter, cfg))
                 print(f"\r{mode} {method}: {k + 1}/{len(prompts)} prompts, {len(rows)} nodes", end="",
@@ -163,7 +167,7 @@ def _cli(args) -> int:
             commands.setdefault(mode, {})[method] = command
     data = {"format": FORMAT, "version": 1, "model": target.name, "tokenizer": target.identity,
             "commands": commands, "prompts": [pid for pid, _ in prompts], "max_new_tokens": args.max_new_tokens,
-            "sampling": SAMPLING, "collection": {m: {**o, **options.get(m, {})} for m, o in METHOD_OPTIONS.items()}, "counts": counts, "tables": tables}
+            "sampling": SAMPLING, "collection": collection, "counts": counts, "tables": tables}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1))
