@@ -113,6 +113,17 @@ def test_quantised_layer_is_close_to_the_dense_one():
     assert err < 0.1  # 4 bits per weight: ~1/15 of each group's range
 
 
+def test_the_row_check_covers_the_engines_largest_tree():
+    """rows_invariant's default row count is the root plus `GenerationConfig.max_tree_nodes` (precision.py cannot
+    import the engine, which imports it): a larger cap would verify rows the load-time check never compared."""
+    import inspect
+
+    from specdemo.engine import GenerationConfig
+
+    rows = inspect.signature(rows_invariant).parameters["rows"].default
+    assert rows == GenerationConfig().max_tree_nodes + 1
+
+
 @pytest.mark.parametrize("precision", ["bf16", "int4"])
 def test_every_linear_is_row_invariant(tiny_llama, precision):
     if precision == "int4" and not int4_available():
