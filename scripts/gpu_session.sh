@@ -22,8 +22,8 @@
 #                  comparison: $OUT/<gpu>_fp32_transformers_layer.json;
 #   s4c-train      (named only) S4C's heads, two epochs over every corpus from the heads carried in
 #                  .gpukit/s4c-init (or the shipped ones), the target's features in 32k-token batches; what it does
-#                  not finish by its time budget it saves: $OUT/s4c_train.log, config.json, model.safetensors.0[01]
-#                  (split: a file comes back only under 16 MiB; `cat model.safetensors.0? > model.safetensors`).
+#                  not finish by its time budget it saves: $OUT/s4c_train.log and the heads with their config as
+#                  $OUT/s4c_heads.tgz.NN (split: a file comes back only under 16 MiB); S4C_TAG names a variant's files.
 #                  S4C_INIT=none trains from scratch, S4C_EXTRA adds flags (the last of a repeated flag wins), e.g.
 #                  S4C_INIT=none S4C_EXTRA="--feature-layers 2 15 --epochs 12" for heads reading fused layers.
 #   sdsat-train    (named only) SDSAT's adapter, warm-started from the shipped one, over every corpus: 32 sequences a
@@ -88,14 +88,17 @@ INIT_ARG="--init ${S4C_INIT:-$INIT}"; [ "${S4C_INIT:-}" = none ] && INIT_ARG=""
 CORPORA="assets/corpus/selfdistill.jsonl.gz assets/corpus/sharegpt_distill.jsonl.gz assets/corpus/code_distill.jsonl.gz
     assets/corpus/tasks_distill.jsonl.gz assets/corpus/sharegpt/shard-00[0-7].jsonl.gz"
 # the time budget (features included) ends 55 s before the step's limit: the held-out evaluation and the save follow it
+S4C_TAG=${S4C_TAG:-}
 S4C_CAP=$(( $(left) - 30 )); S4C_MIN=$(python3 -c "print(round(max($S4C_CAP - 55, 60) / 60, 2))")
-step s4c-train "$S4C_CAP" bash -c "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 python3 -m specdemo train s4c --model embedded \
-    --device cuda $INIT_ARG --data $(echo $CORPORA) --first 0 1600 0 0 0 0 0 0 0 0 0 0 --out /tmp/s4c_gpu \
-    --epochs 2 --minutes $S4C_MIN --batch-size 32 --lr 3e-4 --warmup 20 --autocast bf16 --feature-batch-tokens 32768 \
-    --log-every 20 --eval-every 100000 --ckpt-every 50 ${S4C_EXTRA:-} > $OUT/s4c_train.log 2>&1"
-if [ -f /tmp/s4c_gpu/model.safetensors ]; then
-    cp /tmp/s4c_gpu/config.json "$OUT/" && split -b 12M -d -a 2 /tmp/s4c_gpu/model.safetensors "$OUT/model.safetensors."
-fi
+step s4c-train$S4C_TAG "$S4C_CAP" bash -c "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 python3 -m specdemo train s4c \
+    --model embedded --device cuda $INIT_ARG --data $(echo $CORPORA) --first 0 1600 0 0 0 0 0 0 0 0 0 0 \
+    --out /tmp/s4c_gpu$S4C_TAG --epochs 2 --minutes $S4C_MIN --batch-size 32 --lr 3e-4 --warmup 20 --autocast bf16 \
+    --feature-batch-tokens 32768 --log-every 20 --eval-every 100000 --ckpt-every 50 ${S4C_EXTRA:-} \
+    > $OUT/s4c_train$S4C_TAG.log 2>&1"
+# the heads and their config as one compressed tar in pieces: a file comes back only under 16 MiB
+# (here: `cat s4c_heads.tgz.?? | tar -xz -C DIR`)
+[ -f /tmp/s4c_gpu$S4C_TAG/model.safetensors ] && tar -C /tmp/s4c_gpu$S4C_TAG -cz config.json model.safetensors \
+    | split -b 15M -d -a 2 - "$OUT/s4c_heads$S4C_TAG.tgz."
 # SDSAT's run 4 took 1.2 s a step of 8 sequences, one forward pair each; here a step's 32 go through in one pair.
 # SDSAT_EXTRA adds flags (the last of a repeated flag wins) and SDSAT_TAG names the run's files, so that two variants
 # can train side by side: `SDSAT_TAG=_wide SDSAT_EXTRA="--targets ..." bash scripts/gpu_session.sh N sdsat-train &`
