@@ -7,6 +7,10 @@ sampling; `prompt_lookup_num_tokens=10`; a static KV cache, which on a GPU makes
 with CUDA graphs, transformers' fastest plain decoding) on the same inputs and the fp32 model whatever `--precision`
 loaded, as outside reference points; `llamacpp` / `llamacpp-pld` are llama.cpp on the embedded GGUF (peers.py, `make peers`).
 
+Every mode prefills a prompt with the same one forward, and a long prompt's prefill takes a large share of a 64-token
+run (Spec-Bench's summaries and RAG passages: ~700 tokens).  The table's last line says how large, and each mode's
+speedup on the decoding alone (`decode_speedup`: tokens/s over the time after the prefill, against AR's).
+
 Prompts that carry a `group` (the Spec-Bench tasks) are also summarised per group, with the same formulas over that
 group's prompts only, because an average over tasks hides where a drafter wins and where it costs time.
 
@@ -28,7 +32,7 @@ from specdemo.budget import cost_curves, measure_cost_curves, pin_cost_curves
 from specdemo.drafters import METHODS, make_drafter
 from specdemo.engine import GenerationConfig, generate
 from specdemo.peers import PEER_METHODS, run_peer
-from specdemo.metrics import acceptance_by_depth, figures, first_difference, gap_at, runs_tokens_per_s
+from specdemo.metrics import acceptance_by_depth, figures, first_difference, gap_at, runs_tokens_per_s, tokens_per_s
 from specdemo.prompts import has_groups, load_prompts, stratified
 from specdemo.sampling import SamplingConfig
 from specdemo.target import Target, add_target_args, load_target, target_from_args
@@ -46,7 +50,7 @@ def run_one(target: Target, method: str, prompt_ids: list[int], max_new_tokens: 
         return run_peer(target, method, prompt_ids, max_new_tokens, sampling)
     drafter = make_drafter(method.split(":")[0], target, **(options or {}))  # "s4c:chain" = a labelled variant
     cfg = GenerationConfig(max_new_tokens=max_new_tokens, sampling=sampling)
-    tokens, accept, draft, verify, margins = [], [], [], [], []
+    tokens, accept, draft, verify, margins, prefill = [], [], [], [], [], 0.0
     target.sync()
     t0 = time.perf_counter()
     for ev in generate(target, prompt_ids, drafter, cfg):
@@ -55,9 +59,10 @@ def run_one(target: Target, method: str, prompt_ids: list[int], max_new_tokens: 
         draft.append(ev.draft_s)
         verify.append(ev.verify_s)
         margins += ev.margins
+        prefill += ev.prefill_s
     target.sync()
     return {"tokens": tokens, "wall_time": time.perf_counter() - t0, "accept_lengths": accept,
-            "draft_s": draft, "verify_s": verify, "margins": margins}
+            "draft_s": draft, "verify_s": verify, "margins": margins, "prefill_s": prefill}
 
 
 def reference_model(target: Target) -> Target:
@@ -150,9 +155,11 @@ def summarise(target: Target, methods: list[str], runs: dict[str, list[dict]], m
             # a step's whole cost, the prefill spread over the steps: beside the medians above it shows what a step
             # spends outside drafting and verification (the engine's Python, host syncs), the GPU's breakdown
             "step_ms": 1e3 * sum(r["wall_time"] for r in rs) / len(verify) if verify else None,
+            "decode_speedup": decode_speedup(rs, runs["ar"]),
             "acceptance_by_depth": acceptance_by_depth([a for r in rs for a in r["accept_lengths"]]),
             "per_prompt": [{"id": r["id"], "group": r.get("group"), "new_tokens": len(r["tokens"]),
-                            "wall_time": r["wall_time"], "accept_lengths": r["accept_lengths"], "identical": s,
+                            "wall_time": r["wall_time"], "prefill_s": r.get("prefill_s"),
+                            "accept_lengths": r["accept_lengths"], "identical": s,
                             "first_difference": d, "tie_gap": gap_at(ar_margins[r["id"]], d), "tokens": r["tokens"]}
                            for r, s, d in zip(rs, same, diffs)],
         }
@@ -161,6 +168,30 @@ def summarise(target: Target, methods: list[str], runs: dict[str, list[dict]], m
         out["groups"][g] = {m: figures([r for r in runs[m] if r.get("group") == g], ar, ar_g) for m in methods}
     out["cost_curves"] = cost_curves(target)  # what the drafters sized their drafts by (--cost-curves replays it)
     return out
+
+
+def decode_speedup(runs: list[dict], ar_runs: list[dict]) -> float | None:
+    """tokens/s over the time after each prompt's prefill, against AR's the same way; None where a run does not
+    report its prefill (transformers', llama.cpp's).  Every mode prefills a prompt with the same one forward, so the
+    prefill dilutes each speedup by how long the prompts are: this is the speedup of the decoding alone."""
+    if any(r.get("prefill_s") is None for r in [*runs, *ar_runs]):
+        return None
+    rate = lambda rs: tokens_per_s(sum(len(r["tokens"]) for r in rs),  # noqa: E731
+                                   sum(r["wall_time"] - r["prefill_s"] for r in rs))
+    return rate(runs) / rate(ar_runs)
+
+
+def prefill_line(result: dict, labels: dict[str, str] | None = None) -> str | None:
+    """The prefill's share of AR's time and each mode's speedup on the decoding alone (modes named by `labels` where
+    given), or None where AR's prefill is not recorded (older JSON)."""
+    ar = result["methods"].get("ar", {}).get("per_prompt", [])
+    if not ar or any(p.get("prefill_s") is None for p in ar):
+        return None
+    share = sum(p["prefill_s"] for p in ar) / sum(p["wall_time"] for p in ar)
+    alone = ", ".join(f"{(labels or {}).get(m, m)} {r['decode_speedup']:.2f}x" for m, r in result["methods"].items()
+                      if m != "ar" and r.get("decode_speedup") is not None)
+    return (f"prefill: {100 * share:.0f}% of AR's time (one forward over the prompt, the same in every mode)"
+            + (f"; speedup of the decoding alone: {alone}" if alone else ""))
 
 
 def _device_name(target: Target) -> str:
@@ -194,6 +225,7 @@ def format_table(result: dict) -> str:
         lines.append(f"{m:<12} {fmt(r['tokens_per_s'], '8.2f')} {fmt(r['speedup'], '8.2f')} {fmt(r['tau'], '6.2f')} "
                      f"{fmt(r['identical'], '9.2f')} {fmt(r['draft_ms'], '9.2f')} {fmt(r['verify_ms'], '9.2f')}")
     lines += difference_lines(result)
+    lines += [line] if (line := prefill_line(result)) else []
     rows = group_rows(result)
     if rows:
         methods = list(result["methods"])

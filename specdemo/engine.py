@@ -116,6 +116,7 @@ class StepEvent:
     finish_reason: str | None = None  # "eos" | "stop" | "length" | None
     # per committed token: the target's top-2 logit gap where it chose it (how near a tie that choice was)
     margins: list[float] = field(default_factory=list)
+    prefill_s: float = 0.0  # the part of verify_s that is the prompt's prefill (the first step only)
 
     @property
     def accepted(self) -> int:
@@ -190,6 +191,7 @@ def _decode(target: Target, drafter: Drafter, cfg: GenerationConfig, run: "_Run"
             draft_s, verify_s = draft_s + run.begin_s, verify_s + run.prefill_s
         keep, finish = stop.cut(run.state, found.tokens)
         event = _commit(run.state, found, keep, finish, step, draft_s, verify_s)
+        event.prefill_s = run.prefill_s if step == 0 else 0.0
         if not event.finished:
             event.draft_s += _observe(drafter, run.state, found)
         yield event

@@ -465,6 +465,12 @@ def test_bench_runs_labelled_variants_side_by_side(tiny_llama):
     for m in res["methods"].values():  # a step's whole cost: the run's wall time over its steps
         steps = sum(len(p["accept_lengths"]) for p in m["per_prompt"])
         assert m["step_ms"] == pytest.approx(1e3 * sum(p["wall_time"] for p in m["per_prompt"]) / steps)
+        assert all(0 < p["prefill_s"] < p["wall_time"] for p in m["per_prompt"]) and m["decode_speedup"] > 0
+    assert res["methods"]["ar"]["decode_speedup"] == pytest.approx(1.0)
+    from specdemo.engine import generate
+
+    events = list(generate(tiny_llama, tiny_llama.encode_prompt(prompts[0]["prompt"]), None, GenerationConfig(8)))
+    assert events[0].prefill_s > 0 and all(e.prefill_s == 0 for e in events[1:])  # the first step carries it
 
 
 def test_evicting_a_model_frees_it(tiny_llama):

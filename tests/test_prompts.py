@@ -118,6 +118,28 @@ def test_format_table_adds_a_per_group_table_after_the_unchanged_overall_one():
     assert rows["overall"] == ["1.00x/1.00", "1.14x/1.33", "1.33x/-"]
 
 
+def test_decoding_alone_leaves_out_the_prompts_prefill():
+    """Every mode prefills a prompt with the same forward: the speedup of the decoding alone is tokens/s over the time
+    after it, against AR's; the table says what share of AR's time the prefill took.  Runs that do not report a
+    prefill (transformers', llama.cpp's) get none."""
+    res = _synthetic_result()
+    runs = {m: [dict(p, tokens=list(range(p["new_tokens"]))) for p in r["per_prompt"]]
+            for m, r in res["methods"].items()}
+    for m in ("ar", "pld"):
+        for r in runs[m]:
+            r["prefill_s"] = 0.25 * r["new_tokens"] / 10  # 0.25 s for each translation prompt, 0.5 s for qa's
+    assert bench.decode_speedup(runs["hf"], runs["ar"]) is None
+    ar_decode, pld_decode = 40 / (4.0 - 1.0), 40 / (3.5 - 1.0)  # AR 4.0 s, pld 3.5 s in all, 1.0 s of it prefill
+    assert bench.decode_speedup(runs["pld"], runs["ar"]) == pytest.approx(pld_decode / ar_decode)
+    for m in ("ar", "pld"):
+        for p, r in zip(res["methods"][m]["per_prompt"], runs[m]):
+            p["prefill_s"] = r["prefill_s"]
+    res["methods"]["pld"]["decode_speedup"] = bench.decode_speedup(runs["pld"], runs["ar"])
+    assert bench.prefill_line(res) == (f"prefill: 25% of AR's time (one forward over the prompt, the same in every "
+                                       f"mode); speedup of the decoding alone: pld {pld_decode / ar_decode:.2f}x")
+    assert bench.prefill_line(_synthetic_result()) is None  # no prefill recorded: no line
+
+
 def test_format_table_header_names_the_weights_a_run_decoded_with():
     """The header names the CPU linears' precision, or the model's dtype where the linears are the model's own (a
     bf16 run on a GPU is not called fp32)."""

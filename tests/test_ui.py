@@ -393,7 +393,8 @@ def test_bench_tab_formats_run_bench_results(monkeypatch, embedded):
         assert methods == ["pld"] and [p["id"] for p in prompts] == ["Code"] and max_new_tokens == 16
         progress(0, 2, "Code", "ar")
         row = lambda tps, sp, tau: {"tokens_per_s": tps, "speedup": sp, "tau": tau, "identical": 1.0,  # noqa: E731
-                                    "draft_ms": 0.1, "verify_ms": 60.0, "per_prompt": []}
+                                    "draft_ms": 0.1, "verify_ms": 60.0, "decode_speedup": 2 * sp - 1,
+                                    "per_prompt": [{"prefill_s": 0.2, "wall_time": 1.0 / sp}]}
         return {"device": "cpu", "model": target.name,
                 "methods": {"ar": row(10.0, 1.0, 1.0), "pld": row(15.0, 1.5, 2.5)}}
 
@@ -401,5 +402,6 @@ def test_bench_tab_formats_run_bench_results(monkeypatch, embedded):
     table, bars, note, download = handlers.on_bench("embedded", "fp32", ["pld"], ["Code"], 16, progress=lambda *a, **k: None)
     assert list(table["method"]) == ["Autoregressive", "Prompt lookup"] and list(table["identical"]) == ["100%", "100%"]
     assert "1.50×" in bars and "Speedup" in bars and "1 prompts" in note
+    assert "Prefill: 20% of AR" in note and "decoding alone: Prompt lookup 2.00x" in note  # the bench's last line
     table, bars, note, download = handlers.on_bench("embedded", "fp32", [], ["Code"], 16, progress=lambda *a, **k: None)
     assert "at least one method" in note and len(table) == 0

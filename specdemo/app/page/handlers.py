@@ -36,7 +36,7 @@ from specdemo.app.render import (
 )
 from specdemo.app.request import RACE_ALL, UserError, modes, race_all_request, race_request
 from specdemo.app.user_store import UserStoreError, build_user_store
-from specdemo.bench import run_bench
+from specdemo.bench import prefill_line, run_bench
 from specdemo.drafters import DEFAULT_METHOD, LABELS, all_knobs, by_default_rank
 from specdemo.drafters.rest.datastore import DatastoreError
 from specdemo.precision import model_spec
@@ -300,6 +300,7 @@ def on_bench(model: str, precision: str, methods: list[str], prompt_labels: list
              "draft ms": f(r["draft_ms"], 1), "verify ms": f(r["verify_ms"], 1)} for m, r in result["methods"].items()]
     bars = {LABELS.get(m, m): r["speedup"] or 0.0 for m, r in result["methods"].items()}
     note = (f"{result.get('model')} on {result.get('device')} · {len(prompts)} prompts · "
-            f"{int(max_new_tokens)} new tokens max · greedy. Speedup = tokens/s ÷ autoregressive tokens/s, same run.")
+            f"{int(max_new_tokens)} new tokens max · greedy. Speedup = tokens/s ÷ autoregressive tokens/s, same run."
+            + (f" {line[0].upper()}{line[1:]}." if (line := prefill_line(result, LABELS)) else ""))
     return (pd.DataFrame(rows), bench_bars_html(bars, LABELS["ar"]), message_html(note, "info"),
             gr.DownloadButton(value=_write_json(result, "specdemo-bench-"), interactive=True))
