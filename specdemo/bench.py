@@ -8,7 +8,7 @@ with CUDA graphs, transformers' fastest plain decoding) on the same inputs and t
 loaded, as outside reference points; `llamacpp` / `llamacpp-pld` are llama.cpp on the embedded GGUF (peers.py, `make peers`).
 
 Every mode prefills a prompt with the same one forward, and a long prompt's prefill takes a large share of a 64-token
-run (Spec-Bench's summaries and RAG passages: ~700 tokens).  The table's last line says how large, and each mode's
+run (Spec-Bench's summaries and RAG passages: ~700 tokens).  A line under the table says how large, and each mode's
 speedup on the decoding alone (`decode_speedup`: tokens/s over the time after the prefill, against AR's).
 
 Prompts that carry a `group` (the Spec-Bench tasks) are also summarised per group, with the same formulas over that

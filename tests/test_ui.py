@@ -402,6 +402,6 @@ def test_bench_tab_formats_run_bench_results(monkeypatch, embedded):
     table, bars, note, download = handlers.on_bench("embedded", "fp32", ["pld"], ["Code"], 16, progress=lambda *a, **k: None)
     assert list(table["method"]) == ["Autoregressive", "Prompt lookup"] and list(table["identical"]) == ["100%", "100%"]
     assert "1.50×" in bars and "Speedup" in bars and "1 prompts" in note
-    assert "Prefill: 20% of AR" in note and "decoding alone: Prompt lookup 2.00x" in note  # the bench's last line
+    assert "Prefill: 20% of AR" in note and "decoding alone: Prompt lookup 2.00x" in note
     table, bars, note, download = handlers.on_bench("embedded", "fp32", [], ["Code"], 16, progress=lambda *a, **k: None)
     assert "at least one method" in note and len(table) == 0
