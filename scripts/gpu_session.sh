@@ -87,8 +87,8 @@ INIT=/tmp/gpukit/s4c-init; [ -f $INIT/model.safetensors ] || INIT=assets/s4c/smo
 INIT_ARG="--init ${S4C_INIT:-$INIT}"; [ "${S4C_INIT:-}" = none ] && INIT_ARG=""
 CORPORA="assets/corpus/selfdistill.jsonl.gz assets/corpus/sharegpt_distill.jsonl.gz assets/corpus/code_distill.jsonl.gz
     assets/corpus/tasks_distill.jsonl.gz assets/corpus/sharegpt/shard-00[0-7].jsonl.gz"
+S4C_TAG=${S4C_TAG:-}  # names a variant's step and files, as SDSAT_TAG does below
 # the time budget (features included) ends 55 s before the step's limit: the held-out evaluation and the save follow it
-S4C_TAG=${S4C_TAG:-}
 S4C_CAP=$(( $(left) - 30 )); S4C_MIN=$(python3 -c "print(round(max($S4C_CAP - 55, 60) / 60, 2))")
 step s4c-train$S4C_TAG "$S4C_CAP" bash -c "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 python3 -m specdemo train s4c \
     --model embedded --device cuda $INIT_ARG --data $(echo $CORPORA) --first 0 1600 0 0 0 0 0 0 0 0 0 0 \
@@ -102,14 +102,15 @@ step s4c-train$S4C_TAG "$S4C_CAP" bash -c "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 py
 # SDSAT's run 4 took 1.2 s a step of 8 sequences, one forward pair each; here a step's 32 go through in one pair.
 # SDSAT_EXTRA adds flags (the last of a repeated flag wins) and SDSAT_TAG names the run's files, so that two variants
 # can train side by side: `SDSAT_TAG=_wide SDSAT_EXTRA="--targets ..." bash scripts/gpu_session.sh N sdsat-train &`
-TAG=${SDSAT_TAG:-}
+SDSAT_TAG=${SDSAT_TAG:-}
 SDSAT_CAP=$(( $(left) - 30 )); SDSAT_MIN=$(python3 -c "print(round(max($SDSAT_CAP - 60, 60) / 60, 2))")
-step sdsat-train$TAG "$SDSAT_CAP" bash -c "python3 -m specdemo train sdsat --model embedded --device cuda \
-    --init assets/sdsat/embedded --data $(echo $CORPORA) --out /tmp/sdsat_gpu$TAG --targets gate_proj,up_proj --L 3 \
-    --rank 16 --alpha 16 --lr 5e-4 --warmup 10 --steps 100000 --minutes $SDSAT_MIN --seqs-per-step 32 --batch 32 \
+step sdsat-train$SDSAT_TAG "$SDSAT_CAP" bash -c "python3 -m specdemo train sdsat --model embedded --device cuda \
+    --init assets/sdsat/embedded --data $(echo $CORPORA) --out /tmp/sdsat_gpu$SDSAT_TAG --targets gate_proj,up_proj \
+    --L 3 --rank 16 --alpha 16 --lr 5e-4 --warmup 10 --steps 100000 --minutes $SDSAT_MIN --seqs-per-step 32 --batch 32 \
     --autocast bf16 --rate 0.3 --max-probes 320 --heldout-max 64 --eval-every 100000 --ckpt-every 50 --seed 5 \
-    ${SDSAT_EXTRA:-} > $OUT/sdsat_train$TAG.log 2>&1"
+    ${SDSAT_EXTRA:-} > $OUT/sdsat_train$SDSAT_TAG.log 2>&1"
 # one file for the adapter's four: at most 8 files come back
-[ -f /tmp/sdsat_gpu$TAG/adapter_model.safetensors ] && tar -C /tmp/sdsat_gpu$TAG -cf "$OUT/sdsat_adapter$TAG.tar" \
-    adapter_model.safetensors adapter_config.json sdsat_embedding.safetensors sdsat_config.json
+[ -f /tmp/sdsat_gpu$SDSAT_TAG/adapter_model.safetensors ] && tar -C /tmp/sdsat_gpu$SDSAT_TAG \
+    -cf "$OUT/sdsat_adapter$SDSAT_TAG.tar" adapter_model.safetensors adapter_config.json sdsat_embedding.safetensors \
+    sdsat_config.json
 ls -la "$OUT"

@@ -187,11 +187,12 @@ def _decode(target: Target, drafter: Drafter, cfg: GenerationConfig, run: "_Run"
         with target.lock:
             tree, draft_s = _propose(target, drafter, run.state, cfg)
             found, verify_s = _verify(target, drafter, run, tree)
+        prefill_s = 0.0
         if step == 0:  # the first step carries the one-off work: the drafter's begin and the prefill
-            draft_s, verify_s = draft_s + run.begin_s, verify_s + run.prefill_s
+            prefill_s = run.prefill_s
+            draft_s, verify_s = draft_s + run.begin_s, verify_s + prefill_s
         keep, finish = stop.cut(run.state, found.tokens)
-        event = _commit(run.state, found, keep, finish, step, draft_s, verify_s)
-        event.prefill_s = run.prefill_s if step == 0 else 0.0
+        event = _commit(run.state, found, keep, finish, step, draft_s, verify_s, prefill_s)
         if not event.finished:
             event.draft_s += _observe(drafter, run.state, found)
         yield event
@@ -329,7 +330,7 @@ class _StopRules:
 
 
 def _commit(state: DecodeState, found: _Found, keep: int, finish: str | None, step: int, draft_s: float,
-            verify_s: float) -> StepEvent:
+            verify_s: float, prefill_s: float) -> StepEvent:
     """The first `keep` new tokens (what the stop rules let through) join the sequence; the step's event describes
     them."""
     tree, path = found.tree, found.path
@@ -339,7 +340,7 @@ def _commit(state: DecodeState, found: _Found, keep: int, finish: str | None, st
     position = len(state.tokens)
     state.tokens.extend(new)
     return StepEvent(step, new, from_draft, sources, tree, [i - 1 for i in path[:keep]], draft_s, verify_s, position,
-                     len(state.tokens) - state.prompt_len, finish, found.margins[:keep])
+                     len(state.tokens) - state.prompt_len, finish, found.margins[:keep], prefill_s)
 
 
 def _observe(drafter: Drafter, state: DecodeState, found: _Found) -> float:

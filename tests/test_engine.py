@@ -8,7 +8,7 @@ import torch
 from conftest import OracleDrafter, tolerance
 
 from specdemo.drafters import make_drafter
-from specdemo.engine import Drafter, GenerationConfig, run_to_end
+from specdemo.engine import Drafter, GenerationConfig, generate, run_to_end
 from specdemo.kvcache import KVCache
 from specdemo.sampling import SamplingConfig, choose_tokens, filter_logits
 from specdemo.target import ModelLoadError, UnsupportedForTree, load_target
@@ -467,8 +467,6 @@ def test_bench_runs_labelled_variants_side_by_side(tiny_llama):
         assert m["step_ms"] == pytest.approx(1e3 * sum(p["wall_time"] for p in m["per_prompt"]) / steps)
         assert all(0 < p["prefill_s"] < p["wall_time"] for p in m["per_prompt"]) and m["decode_speedup"] > 0
     assert res["methods"]["ar"]["decode_speedup"] == pytest.approx(1.0)
-    from specdemo.engine import generate
-
     events = list(generate(tiny_llama, tiny_llama.encode_prompt(prompts[0]["prompt"]), None, GenerationConfig(8)))
     assert events[0].prefill_s > 0 and all(e.prefill_s == 0 for e in events[1:])  # the first step carries it
 
