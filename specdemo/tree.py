@@ -91,30 +91,20 @@ class DraftTree:
     def graft(self, chain: Sequence[int], source: str, score: float = 1.0) -> "DraftTree":
         """This tree with `chain` merged in as a trie branch under the root: follow the nodes that already spell its
         start, then hang the rest off the deepest of them (a lookup continuation next to a model's drafts)."""
-        return self.merge(DraftTree(list(chain), list(range(-1, len(chain) - 1)), [source] * len(chain), None,
-                                    [score] * len(chain)))
-
-    def merge(self, other: "DraftTree") -> "DraftTree":
-        """This tree with `other`'s nodes merged in as a trie: a node of `other` whose path this tree already spells
-        is that node (this tree's source and score stay), the others are appended under their merged parents with
-        their own source and score.  Probe nodes never match.  `self` itself when `other` adds nothing."""
-        index = {(p, t): i for i, (t, p) in enumerate(zip(self.tokens, self.parents)) if not self.is_probe(i)}
-        tokens, parents, where, new = list(self.tokens), list(self.parents), [], []
-        for i, (t, p) in enumerate(zip(other.tokens, other.parents)):
-            parent = where[p] if p >= 0 else -1
-            at = index.get((parent, t))
-            if at is None:
-                at = index[(parent, t)] = len(tokens)
-                tokens.append(t)
-                parents.append(parent)
-                new.append(i)
-            where.append(at)
-        if not new:
+        node, i = -1, 0
+        while i < len(chain):
+            nxt = next((j for j, (t, p) in enumerate(zip(self.tokens, self.parents))
+                        if p == node and t == chain[i] and not self.is_probe(j)), None)
+            if nxt is None:
+                break
+            node, i = nxt, i + 1
+        tail = list(chain[i:])
+        if not tail:
             return self
-        extend = lambda xs, ys, fill: (xs + [ys[i] if ys is not None else fill for i in new]  # noqa: E731
-                                       if xs is not None else None)
-        return DraftTree(tokens, parents, extend(self.sources, other.sources, None), extend(self.probe, None, False),
-                         extend(self.scores, other.scores, 0.0))
+        n = len(self)
+        extend = lambda xs, v: xs + [v] * len(tail) if xs is not None else None  # noqa: E731
+        return DraftTree(self.tokens + tail, self.parents + [node] + list(range(n, n + len(tail) - 1)),
+                         extend(self.sources, source), extend(self.probe, False), extend(self.scores, score))
 
     def prune(self, max_depth: int, max_nodes: int | None = None) -> "DraftTree":
         """Drop nodes deeper than max_depth (and past max_nodes, in order); keeps the tree topological."""

@@ -509,23 +509,6 @@ def test_graft_follows_matching_nodes_and_hangs_the_rest():
     assert probed.graft([7], "context").parents == [-1, -1]
 
 
-def test_merge_keeps_shared_paths_once_and_appends_the_rest():
-    tree = DraftTree(tokens=[10, 11, 12], parents=[-1, 0, -1], sources=["head1", "head2", "head1"],
-                     scores=[0.9, 0.5, 0.2])
-    other = DraftTree(tokens=[10, 13, 11, 20, 21], parents=[-1, -1, 0, 2, 1], sources=["datastore"] * 5,
-                      scores=[0.8, 0.1, 0.6, 0.3, 0.05])
-    merged = tree.merge(other)
-    # 10 and 10-11 are the tree's own nodes (their source and score stay); 13, 10-11-20 and 13-21 are new
-    assert merged.tokens == [10, 11, 12, 13, 20, 21] and merged.parents == [-1, 0, -1, -1, 1, 3]
-    assert merged.sources == ["head1", "head2", "head1", "datastore", "datastore", "datastore"]
-    assert merged.scores == [0.9, 0.5, 0.2, 0.1, 0.3, 0.05]
-    assert tree.merge(DraftTree([10, 11], [-1, 0], ["datastore"] * 2, None, [1.0, 1.0])) is tree
-    assert tree.merge(DraftTree.empty()) is tree
-    # every path of either tree is a path of the merge
-    paths = lambda t: {tuple(t.tokens[j] for j in t.path_to(i)) for i in range(len(t))}  # noqa: E731
-    assert paths(merged) == paths(tree) | paths(other)
-
-
 def test_ancestor_mask_matches_paths():
     parents = [-1, 0, 1, 0, -1, 4]
     allow = ancestor_mask(parents)

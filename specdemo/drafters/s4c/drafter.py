@@ -13,9 +13,6 @@ See `heads.py` beside this file for the model and our reading of the paper.  Opt
     prompt_lookup -- NOT in the paper: graft a prompt-lookup continuation of up to N tokens onto the head tree (source
                "prompt", counted in the budget).  Default 10 through `make`, chosen on HumanEval problems 100-119 and
                ShareGPT tuning prompts (docs/s4c.md); `prompt_lookup=0` is pure S4C.
-    retrieve -- NOT in the paper: merge up to N nodes of REST's datastore tree (its retrieved continuations of the
-               longest matching suffix, source "datastore", ranked by REST's acceptance estimate) into the head tree; 0
-               (default) is off.  Needs the model's REST datastore.
     couple  -- under sampling, draw the candidates with the target's own noise from the heads' distribution
                sharpened by this factor (`sampling.draft_candidates`); 0: their most probable tokens, as when greedy.
 
@@ -43,7 +40,6 @@ from specdemo.budget import (
 )
 from specdemo.drafters.contract import PROMPT, DrafterUnavailable, DraftSource, Knob, Option
 from specdemo.drafters.pld import lookup_with_ngram_length
-from specdemo.drafters.rest.drafter import DATASTORE
 from specdemo.drafters.s4c.draft_step import DraftScores, draft_step, varying_shape_attention
 from specdemo.drafters.s4c.heads import (  # noqa: F401  (unavailable_reason: the contract's, from heads.py)
     TRAINED_PROMPT,
@@ -68,7 +64,6 @@ SOURCES = (
     DraftSource("head3", "head 3", "#93c5fd", "#1d4ed8"),
     DraftSource("head4", "head 4+", "#60a5fa", "#2563eb"),
     PROMPT,
-    DATASTORE,
 )
 
 
@@ -96,7 +91,7 @@ class S4CDrafter(Drafter):
 
     def __init__(self, target: Target, heads: S4CHeads, tree: str = "s4c", budget: int = 15, topk: int = 3,
                  prompt_lookup: int = 0, dynamic: bool = False, calibration: Path | None = None, window: int = 0,
-                 couple: float = 1.0, retrieval: Drafter | None = None):
+                 couple: float = 1.0):
         if tree not in TREES:
             raise ValueError(f"s4c tree must be one of {', '.join(TREES)} (got {tree!r})")
         self.target, self.heads, self.tree_kind = target, heads, tree
@@ -113,15 +108,11 @@ class S4CDrafter(Drafter):
         self.tally = DepthTally(self.n_heads)
         self._last_depths: list[int] = []
         self._graft: tuple[int, list[int]] = (0, [])
-        self.retrieval = retrieval  # a REST drafter of the datastore alone, raw scores, its budget the `retrieve` option
-        self._retrieved = DraftTree.empty()
 
     # ------------------------------------------------------------------ state
     def begin(self, state: DecodeState, prompt_hidden: torch.Tensor | None) -> None:
         t, d = self.target, self.heads.d
         self.calibrator, self.rel_cost = calibrated_cost(self.target, "s4c", state, self.dynamic, self.calibration_path)
-        if self.retrieval is not None:
-            self.retrieval.begin(state, None)
         cap = len(state.tokens) + state.max_new_tokens + 8
         width = (len(self.feature_layers) + 1) * d  # the declared layers' states and the last one, side by side
         self.features = torch.zeros(cap, width, dtype=t.dtype, device=t.device)  # the target's feature f_t by position
@@ -214,7 +205,6 @@ class S4CDrafter(Drafter):
         # prompt lookup's continuation, looked up once: the deeper heads' check weighs it too
         self._graft = lookup_with_ngram_length(state.tokens, min(self.prompt_lookup, self.budget - 1), max_ngram=3,
                                                min_ngram=1) if self.prompt_lookup > 0 else (0, [])
-        self._retrieved = self.retrieval.propose(state) if self.retrieval is not None else DraftTree.empty()
         with varying_shape_attention():
             nodes, vertical = grow(state, n)
         return self._finish(state, nodes, vertical)
@@ -285,8 +275,6 @@ class S4CDrafter(Drafter):
         ngram_length, graft = self._graft
         scores += self.calibrator([PROMPT.name] * len(graft), list(range(1, len(graft) + 1)),
                                   [float(ngram_length)] * len(graft))
-        if len(self._retrieved):
-            scores += self.calibrator(self._retrieved.sources, self._retrieved.depths(), self._retrieved.scores)
         bound = self.calibrator([_source(depth)], [depth], [max(raw[i] for i in frontier)])[0]
         above = sorted((x for x in scores if x > bound), reverse=True)[: self.budget]
         return best_size(above + [bound] * (self.budget - len(above)), self.rel_cost) > len(above)
@@ -319,15 +307,13 @@ class S4CDrafter(Drafter):
         return list(zip(ctoks, clps))
 
     def _finish(self, state: DecodeState, nodes: list[_Node], vertical: set[int]) -> DraftTree:
-        """The head tree under the budget, prompt lookup's continuation grafted on (option `prompt_lookup`) and the
-        datastore's tree merged in (option `retrieve`), then calibrated and, when sized per step, cut to what pays for its verification."""
+        """The head tree under the budget, prompt lookup's continuation grafted on (option `prompt_lookup`), then
+        calibrated and, when sized per step, cut to what pays for its verification."""
         ngram_length, graft = self._graft
         # a fixed tree shares the budget between the heads and the graft; a tree sized per step (below) keeps every
         # head node and lets the cut rank them against the grafted ones, the budget capping what it sends
         tree = self._select(nodes, vertical, self.budget if self.rel_cost is not None else self.budget - len(graft))
         tree = tree.graft(graft, PROMPT.name, score=float(ngram_length)) if graft else tree
-        # the datastore's nodes come on top of a fixed tree's budget (calibrate.py records every source uncut)
-        tree = tree.merge(self._retrieved) if len(self._retrieved) else tree
         # raw scores: the heads' path probability; grafted prompt nodes the matched n-gram's length (their
         # calibration table maps it, per depth, to how often such a node is right)
         if self.calibrator is not None:
@@ -366,13 +352,12 @@ OPTIONS = (
     Option("dynamic", "bool", help="send per step the part of the tree that pays for its verification"),
     Option("calibration", "path", special=("none",), help="a calibration file, or 'none' for raw scores"),
     Option("couple", "float", 0, 8, help="sampling: draw with the target's noise, log-probs x this (0 = off)"),
-    Option("retrieve", "int", 0, 64, help="merge up to this many of REST's datastore nodes into the tree (0 = off)"),
 )
 
 
 def make(target: Target, heads: str | None = None, tree: str = "s4c", budget: int | str | None = None, topk: int = 3,
          prompt_lookup: int = 10, dynamic: bool | None = None, calibration: str | None = None,
-         window: int | None = None, precision: str = "bf16", couple: float = 1.0, retrieve: int = 0) -> S4CDrafter:
+         window: int | None = None, precision: str = "bf16", couple: float = 1.0) -> S4CDrafter:
     """An S4C drafter for `target` (see the module docstring for the options); tree sizes left unset come from
     budget.TREE_SIZES."""
     dynamic, budget = default_sizing(target, "s4c", dynamic, budget)
@@ -388,14 +373,9 @@ def make(target: Target, heads: str | None = None, tree: str = "s4c", budget: in
         topk = max(int(topk), -(-budget // (2 * loaded.n_heads - 1)))  # an s4c tree holds (2H - 1) * topk nodes
     if window is None:
         window = loaded.config.get("training", {}).get("max_prompt", TRAINED_PROMPT)
-    retrieval = None
-    if int(retrieve) > 0:  # the model's REST datastore, without REST's own copies from the request (the graft's job)
-        from specdemo.drafters.rest.drafter import make as make_rest
-        retrieval = make_rest(target, budget=int(retrieve), dynamic=False, calibration="none", use_context=False)
     return S4CDrafter(target, loaded, tree=str(tree), budget=int(budget), topk=int(topk),
                       prompt_lookup=int(prompt_lookup), dynamic=dynamic,
-                      calibration=Path(calibration) if calibration else None, window=int(window), couple=float(couple),
-                       retrieval=retrieval)
+                      calibration=Path(calibration) if calibration else None, window=int(window), couple=float(couple))
 
 
 # tau of the s4c tree by node budget on the embedded model with the shipped heads (`specdemo acceptance`, greedy)
