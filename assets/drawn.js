@@ -13,8 +13,16 @@
     last = token;
     // the next frame paints the update; idle afterwards means the charts' asynchronous rendering is done too, and
     // one more frame lets the compositor finish rastering what was painted
-    requestAnimationFrame(() => requestIdleCallback(() => requestAnimationFrame(() => requestAnimationFrame(
-      () => requestIdleCallback(() => send(token), {timeout: 1000}))), {timeout: 1000}));
+    const painted = () => requestAnimationFrame(() => requestIdleCallback(() => requestAnimationFrame(
+      () => requestAnimationFrame(() => requestIdleCallback(() => send(token), {timeout: 1000}))), {timeout: 1000}));
+    // an update that redraws the charts is drawn once every shown chart has its marks: the first one loads the
+    // charting module, and the page is idle while that loads, so idleness alone would acknowledge it too early
+    if (el.dataset.plots) chartsDrawn(painted, performance.now() + 1500); else painted();
+  };
+  const chartsDrawn = (then, deadline) => {
+    const shown = [...document.querySelectorAll(".sd-plot")].filter((p) => p.offsetParent !== null);
+    if (shown.every((p) => p.querySelector(".vega-embed .marks")) || performance.now() > deadline) then();
+    else setTimeout(() => chartsDrawn(then, deadline), 20);
   };
   new MutationObserver(check).observe(document.body, {subtree: true, childList: true, attributes: true,
                                                       attributeFilter: ["data-update"]});

@@ -7,7 +7,8 @@
 and AR tokens/s and the speedup of each, relative to the bench's.  The machine's speed drifts by more than 10% over
 minutes, so the repeats go round robin (each repeat runs every way once, starting with a different way each time) and
 the figure reported is the median over the repeats of each way's ratio to the bench run of the same repeat (minutes
-apart at most); the ratio of the medians is printed beside it.  With --race-all the api and page ways race all
+apart at most); the ratio of the medians is printed beside it.  Every way decodes at one CPU precision, `--precision`
+(default: the page's, precision.default_precision), the page's picker set to it.  With --race-all the api and page ways race all
 the methods at once in lanes (`/race_all`, the page's Race all) against one bench run of them all.  The browser is
 open throughout, as it is for someone watching.  Run it alone on the machine (every process here shares the cores):
 
@@ -29,6 +30,7 @@ from app_process import app_process  # scripts/app_process.py, beside this file
 
 from specdemo.app.page import EXAMPLES
 from specdemo.bench import run_bench
+from specdemo.precision import PRECISIONS, default_precision
 from specdemo.target import load_target
 
 CHROMIUM = "/usr/bin/chromium"
@@ -62,18 +64,18 @@ def by_bench(target, prompt: str, method: str, tokens: int) -> dict:
     return {"ar_tps": result["methods"]["ar"]["tokens_per_s"], "speedup": result["methods"][method]["speedup"]}
 
 
-def by_api(url: str, prompt: str, method: str, tokens: int) -> dict:
+def by_api(url: str, prompt: str, method: str, tokens: int, model: str) -> dict:
     from gradio_client import Client
 
-    final = Client(url, verbose=False).predict(prompt, method, "embedded", tokens, 0.0, 1.0, 0, 0, None,
+    final = Client(url, verbose=False).predict(prompt, method, model, tokens, 0.0, 1.0, 0, 0, None,
                                                api_name="/race")
     assert final["status"] == "done", final["message"]
     return {"ar_tps": final["ar"]["tokens_per_s"], "speedup": final["summary"]["speedup"]}
 
 
 @contextmanager
-def watched_app() -> Iterator[tuple[str, object]]:
-    """A launched app and a headless Chromium page open on it, the model loaded: (url, page)."""
+def watched_app(precision: str) -> Iterator[tuple[str, object]]:
+    """A launched app and a headless Chromium page open on it, the model loaded at `precision`: (url, page)."""
     from playwright.sync_api import sync_playwright
 
     with app_process() as (url, _), sync_playwright() as p:
@@ -81,6 +83,10 @@ def watched_app() -> Iterator[tuple[str, object]]:
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.goto(url)
         page.wait_for_selector(".sd-chip:not(.sd-chip-bad)", timeout=300_000)
+        precision_picker = page.locator("#sd-precision label", has_text=precision)
+        if "selected" not in (precision_picker.get_attribute("class") or ""):
+            precision_picker.click()  # the page loads the model at that precision, then shows it in the header
+            page.wait_for_selector(f".sd-chip:not(.sd-chip-bad):has-text('{precision}')", timeout=300_000)
         try:
             yield url, page
         finally:
@@ -117,10 +123,10 @@ def all_by_bench(target, prompt: str, methods: list[str], tokens: int) -> dict:
             **{m: result["methods"][m]["speedup"] for m in methods}}
 
 
-def all_by_api(url: str, prompt: str, methods: list[str], tokens: int) -> dict:
+def all_by_api(url: str, prompt: str, methods: list[str], tokens: int, model: str) -> dict:
     from gradio_client import Client
 
-    final = Client(url, verbose=False).predict(prompt, "embedded", tokens, 0.0, 1.0, 0, 0, None, methods,
+    final = Client(url, verbose=False).predict(prompt, model, tokens, 0.0, 1.0, 0, 0, None, methods,
                                                api_name="/race_all")
     assert final["status"] == "done", final["message"]
     return {"ar_tps": final["lanes"]["ar"]["tokens_per_s"], **{m: final["lanes"][m]["speedup"] for m in methods}}
@@ -138,15 +144,16 @@ def all_by_page(page, example: str, methods: list[str], tokens: int) -> dict:
 def main_race_all(args, target, prompt: str, methods: list[str]) -> int:
     runs: dict[str, list[dict]] = {w: [] for w in WAYS}
     keys = ["ar_tps", *methods]
-    with watched_app() as (url, page):
+    model = f"embedded@{args.precision}"
+    with watched_app(args.precision) as (url, page):
         all_by_bench(target, prompt, ["ar", *methods], 16)
-        all_by_api(url, prompt, methods, 16)
+        all_by_api(url, prompt, methods, 16, model)
         for rep in range(args.repeats):
             for way in rotated(WAYS, rep):
                 if way == "bench":
                     r = all_by_bench(target, prompt, ["ar", *methods], args.max_new_tokens)
                 elif way == "api":
-                    r = all_by_api(url, prompt, methods, args.max_new_tokens)
+                    r = all_by_api(url, prompt, methods, args.max_new_tokens, model)
                 else:
                     r = all_by_page(page, args.example, methods, args.max_new_tokens)
                 runs[way].append(r)
@@ -154,8 +161,8 @@ def main_race_all(args, target, prompt: str, methods: list[str]) -> int:
                       flush=True)
     summary = compare(runs, keys)
     summary["page"]["page_share"] = round(statistics.median(r["page_s"] / r["wall_s"] for r in runs["page"]), 3)
-    print(json.dumps({"example": args.example, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
-                      "race_all": summary}, indent=1))
+    print(json.dumps({"example": args.example, "precision": args.precision, "max_new_tokens": args.max_new_tokens,
+                      "repeats": args.repeats, "race_all": summary}, indent=1))
     ok = all(abs(summary["page"]["vs_bench"][k]) <= 0.10 for k in keys)
     print("page within 10% of the bench:", "yes" if ok else "no")
     return 0 if ok else 1
@@ -169,21 +176,24 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=5, help="races per way and method; the median is reported")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--race-all", action="store_true", help="race all the methods at once, in lanes")
+    ap.add_argument("--precision", choices=PRECISIONS, default=default_precision(),
+                    help="the CPU precision of every way (default: the page's)")
     args = ap.parse_args(argv)
     prompt = dict(EXAMPLES)[args.example]
     methods = args.methods.split(",")
     if args.race_all:
         torch.set_num_threads(args.threads)
-        return main_race_all(args, load_target("embedded"), prompt, methods)
+        return main_race_all(args, load_target("embedded", precision=args.precision), prompt, methods)
     labels = {"rest": "REST", "s4c": "S4C", "sdsat": "SDSAT", "pld": "Prompt lookup"}
     runs: dict[str, dict[str, list[dict]]] = {w: {m: [] for m in methods} for w in WAYS}
 
     torch.set_num_threads(args.threads)
-    target = load_target("embedded")
-    with watched_app() as (url, page):
+    target = load_target("embedded", precision=args.precision)
+    model = f"embedded@{args.precision}"
+    with watched_app(args.precision) as (url, page):
         for m in methods:  # warm-up: each way's model, the drafter's artifacts, kernels
             by_bench(target, prompt, m, 16)
-            by_api(url, prompt, m, 16)
+            by_api(url, prompt, m, 16, model)
         # round robin: the machine's speed drifts by more than 10% over minutes, and each way gets the same share
         for rep in range(args.repeats):
             for m in methods:
@@ -191,7 +201,7 @@ def main(argv=None) -> int:
                     if way == "bench":
                         r = by_bench(target, prompt, m, args.max_new_tokens)
                     elif way == "api":
-                        r = by_api(url, prompt, m, args.max_new_tokens)
+                        r = by_api(url, prompt, m, args.max_new_tokens, model)
                     else:
                         r = by_page(page, args.example, labels[m], args.max_new_tokens)
                     runs[way][m].append(r)
@@ -203,8 +213,8 @@ def main(argv=None) -> int:
         summary[m] = compare({w: runs[w][m] for w in runs}, ["ar_tps", "speedup"])
         shares = [r["page_s"] / r["wall_s"] for r in runs["page"][m]]
         summary[m]["page"]["page_share"] = round(statistics.median(shares), 3)
-    print(json.dumps({"example": args.example, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
-                      "results": summary}, indent=1))
+    print(json.dumps({"example": args.example, "precision": args.precision, "max_new_tokens": args.max_new_tokens,
+                      "repeats": args.repeats, "results": summary}, indent=1))
     ok = all(abs(summary[m]["page"]["vs_bench"][k]) <= 0.10 for m in methods for k in ("ar_tps", "speedup"))
     print("page within 10% of the bench:", "yes" if ok else "no")
     return 0 if ok else 1

@@ -356,6 +356,28 @@ def test_the_race_waits_for_a_local_page_to_draw_each_update(embedded, monkeypat
     assert len(outs) > 3 and f'data-drawn="{len(outs) - 1}"' in outs[-1][2]
 
 
+def test_an_update_that_redraws_the_charts_says_so_to_a_local_page(embedded, monkeypatch):
+    """drawn.js waits for the charts' marks before acknowledging such an update: the first one loads the charting
+    module while the page looks idle, and acknowledged then, its drawing would land on the next timed step."""
+    import re
+
+    import gradio as gr
+
+    import specdemo.app.page.handlers as handlers
+    from specdemo.app.clocks.drawn import mark_drawn
+
+    monkeypatch.setattr(handlers, "TEXT_EVERY", 0.0)
+    monkeypatch.setattr(handlers, "PLOT_EVERY", 0.3)
+    flags = []
+    for out in on_race(_local_request(), "pld", "embedded", "fp32", SHORT, 24, 0.0, 1.0, 0, 0, None, *KNOBS):
+        o = dict(zip(RACE_OUTPUTS, out))
+        if token := re.search(r'data-update="(\w+)"', o["summary"]):
+            flags.append(('data-plots="1"' in o["summary"], not isinstance(o["curve_plot"], type(gr.skip()))))
+            mark_drawn(token.group(1))
+    assert flags and all(said == plotted for said, plotted in flags)
+    assert any(said for said, _ in flags) and not all(said for said, _ in flags)
+
+
 def test_a_page_that_does_not_answer_is_waited_for_once(embedded, monkeypatch):
     import specdemo.app.clocks.drawn as drawn
     import specdemo.app.page.handlers as handlers

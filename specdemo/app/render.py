@@ -98,15 +98,17 @@ def pane_html(rec: RaceRecord | None, key: str) -> str:
             f'<div class="sd-scroll"><div class="sd-text">{body}</div></div></div>')
 
 
-def summary_html(rec: RaceRecord | None, update: str | None = None, drawn: int = 0) -> str:
+def summary_html(rec: RaceRecord | None, update: str | None = None, drawn: int = 0, plots: bool = False) -> str:
     """Speedup, τ, forwards saved and the identical-output check; live while racing, final at the end.
 
-    `update` is the token the page acknowledges once it has drawn this update (app/clocks/drawn.py); `drawn` counts the
-    race's updates acknowledged so far."""
-    ack = f' data-update="{update}"' if update else ""
+    `update` is the token the page acknowledges once it has drawn this update (app/clocks/drawn.py), `plots` says that
+    the update redraws the charts too (the page then waits for them before acknowledging); `drawn` counts the race's
+    updates acknowledged so far."""
+    ack = (f' data-update="{update}"' + (' data-plots="1"' if plots else "")) if update else ""
     if rec is None or not rec.summaries:
-        return (f'<div class="sd-summary sd-muted"{ack}>The decoders run interleaved in one process; the one that '
-                'has used less compute so far always goes next, so each pane grows at its true speed.</div>')
+        # what the race will report, not how it runs: the paragraph beside the prompt says that
+        return (f'<div class="sd-summary sd-muted"{ack}>The speedup, τ, the target forwards saved and whether both '
+                'outputs are identical appear here as the race runs.</div>')
     if rec.request.race_all:
         return _board_summary_html(rec, ack, drawn)
     s = rec.summaries[rec.chosen_lane()]

@@ -11,8 +11,9 @@ and each piece below removes one way it would otherwise slow them.  What each on
   that touches a model; the gate decides *when*, the model thread *where*.
 - `quiet_queue` — Gradio's queue polls every 50 ms, and every 0.5 s while the gate is held, instead of every 1 ms
   (its idle loop's wake-ups took cores mid-step).
-- `drawn` — a browser on the server's machine acknowledges each update once drawn, and the race waits for it: the
-  drawing happens between steps, charged to no run; the summary shows that wait as the page's share.
+- `drawn` — a browser on the server's machine acknowledges each update once drawn (one that redraws the charts once
+  they have their marks), and the race waits for it: the drawing happens between steps, charged to no run; the
+  summary shows that wait as the page's share.
 - `calm_trackers` — the page's early script slows Gradio's status-tracker frame loop (60 frames a second on an idle
   page, on the cores being timed).
 

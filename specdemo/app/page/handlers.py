@@ -116,7 +116,7 @@ def _stream(req, request: gr.Request | None):
             if final and rec.status == "error":
                 gr.Warning(rec.message)
             token = DRAWN.expect() if wait_for_page and not final else None
-            out = _race_outputs(rec, lane, first, final, plot_now, summary_html(rec, token, acked))
+            out = _race_outputs(rec, lane, first, final, plot_now, summary_html(rec, token, acked, plot_now))
             yield tuple(out[k] for k in RACE_OUTPUTS)
             first = False
             if token is not None:
