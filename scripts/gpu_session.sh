@@ -85,13 +85,17 @@ step layers-ab 110 env SPECDEMO_FUSED_DECODER=0 $B --dtype float32 --methods $MO
     --json "$OUT/${GPU}_fp32_transformers_layer.json"
 INIT=/tmp/gpukit/s4c-init; [ -f $INIT/model.safetensors ] || INIT=assets/s4c/smollm2-135m-instruct
 INIT_ARG="--init ${S4C_INIT:-$INIT}"; [ "${S4C_INIT:-}" = none ] && INIT_ARG=""
+# every complete ShareGPT shard (a shard being distilled is a journal, not a .jsonl.gz); --first takes 1,600 records of
+# sharegpt_distill and all of every other corpus
+SHARDS=$(ls assets/corpus/sharegpt/shard-*.jsonl.gz)
 CORPORA="assets/corpus/selfdistill.jsonl.gz assets/corpus/sharegpt_distill.jsonl.gz assets/corpus/code_distill.jsonl.gz
-    assets/corpus/tasks_distill.jsonl.gz assets/corpus/sharegpt/shard-00[0-7].jsonl.gz"
+    assets/corpus/tasks_distill.jsonl.gz $SHARDS"
+FIRST="0 1600 0 0"; for _ in $SHARDS; do FIRST="$FIRST 0"; done
 S4C_TAG=${S4C_TAG:-}  # names a variant's step and files, as SDSAT_TAG does below
 # the time budget (features included) ends 55 s before the step's limit: the held-out evaluation and the save follow it
 S4C_CAP=$(( $(left) - 30 )); S4C_MIN=$(python3 -c "print(round(max($S4C_CAP - 55, 60) / 60, 2))")
 step s4c-train$S4C_TAG "$S4C_CAP" bash -c "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 python3 -m specdemo train s4c \
-    --model embedded --device cuda $INIT_ARG --data $(echo $CORPORA) --first 0 1600 0 0 0 0 0 0 0 0 0 0 \
+    --model embedded --device cuda $INIT_ARG --data $(echo $CORPORA) --first $FIRST \
     --out /tmp/s4c_gpu$S4C_TAG --epochs 2 --minutes $S4C_MIN --batch-size 32 --lr 3e-4 --warmup 20 --autocast bf16 \
     --feature-batch-tokens 32768 --log-every 20 --eval-every 100000 --ckpt-every 50 ${S4C_EXTRA:-} \
     > $OUT/s4c_train$S4C_TAG.log 2>&1"
