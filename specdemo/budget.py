@@ -161,6 +161,16 @@ def pin_cost_curves(target, saved: dict[str, dict[str, float]]) -> None:
         curves[tuple(int(s) for s in sizes.split(","))] = {int(s): float(t) for s, t in curve.items()}
 
 
+SHOWN_COSTS = (4, 16)  # the draft counts whose verification cost the page shows after a race
+
+
+def measured_costs(target, sizes=SHOWN_COSTS) -> dict[int, float]:
+    """What verifying n drafts costs in plain steps for n in `sizes`, from the curve already measured on `target`
+    (the app measures it at load); {} when there is none: a request never waits for a measurement."""
+    curve = target.artifacts.get(CURVES, {}).get(CURVE_SIZES)
+    return {n: interpolate(relative_cost(curve), n) for n in sizes} if curve else {}
+
+
 def relative_cost(curve: dict[int, float]) -> dict[int, float]:
     """Costs divided by the AR step (size 0), made non-decreasing (a bigger tree never costs less)."""
     base = curve[0]

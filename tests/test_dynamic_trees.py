@@ -282,3 +282,19 @@ def test_s4c_skips_head_calls_whose_nodes_the_cut_would_drop(embedded, monkeypat
     (out, trees, calls), (out_all, trees_all, calls_all) = runs[True], runs[False]
     assert out == out_all and trees == trees_all
     assert len(calls) < len(calls_all) and calls.count(0) == calls_all.count(0)
+
+
+def test_measured_costs_read_the_loaded_curve_and_never_measure():
+    """The page's "cost of one verifying forward" line: the curve measured at load, relative to a plain step (made
+    non-decreasing); a model without a measured curve gives nothing rather than a measurement inside a request."""
+    from types import SimpleNamespace
+
+    from specdemo.budget import CURVE_SIZES, measured_costs, pin_cost_curves
+
+    target = SimpleNamespace(artifacts={})
+    assert measured_costs(target) == {}
+    seconds = {0: 0.01, 1: 0.011, 2: 0.012, 3: 0.0125, 4: 0.019, 6: 0.02, 8: 0.034, 12: 0.04, 16: 0.052, 24: 0.05,
+               32: 0.09}
+    pin_cost_curves(target, {",".join(map(str, CURVE_SIZES)): {str(n): t for n, t in seconds.items()}})
+    assert measured_costs(target) == {4: 1.9, 16: 5.2}
+    assert measured_costs(target, (24,)) == {24: 5.2}  # a dip in the timings never makes more drafts cheaper

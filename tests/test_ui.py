@@ -89,6 +89,18 @@ def test_panes_and_summary():
     assert "Forwards saved" in s and "4 → 2" in s
 
 
+def test_a_finished_race_says_what_a_verification_costs_here():
+    rec = fake_record()
+    rec.started, rec.ended = 100.0, 101.0
+    rec.device, rec.precision, rec.verify_costs = "cpu", "int4", {4: 1.87, 16: 5.2}
+    line = "(cpu, int4): 4 drafts 1.87 plain steps · 16 drafts 5.20 plain steps — why the speedup stays below τ"
+    assert line in summary_html(rec)
+    rec.status = "running"
+    assert "plain steps" not in summary_html(rec)  # the costs explain a result: they come with the end
+    rec.status, rec.verify_costs = "done", {}
+    assert "plain steps" not in summary_html(rec)  # no curve measured for this model: nothing to say
+
+
 def test_a_difference_shows_where_and_how_near_a_tie_it_was():
     rec = fake_record()
     ar = rec.runs["ar"]

@@ -26,6 +26,7 @@ from specdemo.app.models import MODELS, load_model
 from specdemo.app.public import PublicModeRefusal
 from specdemo.app.record import AR, LaneStyle, RaceRecord, TextBuilder
 from specdemo.app.request import RaceRequest, UserError, modes
+from specdemo.budget import measured_costs
 from specdemo.drafters import BY_NAME, LABELS, DrafterUnavailable, build_drafter, sources, unavailable_reason
 from specdemo.engine import GenerationConfig, StepEvent, generate, validate_request
 from specdemo.target import ModelLoadError, Target, UnsupportedForTree
@@ -192,6 +193,7 @@ def _start(rec: RaceRecord, prep: Prepared) -> dict[str, TextBuilder]:
     target = prep.target
     rec.model, rec.device, rec.dtype = target.name, target.device.type, str(target.dtype).replace("torch.", "")
     rec.precision, rec.caveat = target.precision, target.precision_note
+    rec.verify_costs = measured_costs(target)
     rec.prompt_tail = prep.ids[-1:]
     builders = {k: TextBuilder(target.decode) for k in rec.runs}
     rec.pieces = {k: b.pieces for k, b in builders.items()}

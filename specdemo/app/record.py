@@ -177,6 +177,9 @@ class RaceRecord:
     dtype: str = ""
     precision: str = "fp32"  # the CPU precision of the model's linears (precision.py)
     caveat: str = ""  # why the outputs may differ from AR's (a model in half precision on a GPU); "" when exact
+    # what a forward verifying n drafts costs in plain steps on this machine (the loaded model's cost curve), for n
+    # in budget.SHOWN_COSTS: why a speedup stays below τ, and far below it where the products are compute-bound
+    verify_costs: dict[int, float] = field(default_factory=dict)
     status: str = "queued"  # queued | starting | running | done | stopped | error
     message: str | None = None
     queue_wait_s: float = 0.0  # seconds spent waiting for the races ahead of this one

@@ -157,7 +157,19 @@ def _cards_html(cards: list[tuple[str, str, str, str]]) -> str:
 def _clock_html(rec: RaceRecord) -> str:
     wall, other = rec.wall_s, rec.other_s
     return (f'<div class="sd-clock">wall {wall:.2f} s: decoding {wall - other:.2f} s · page and bookkeeping '
-            f'{other:.2f} s ({100 * other / wall:.0f}%), not charged to any run</div>' if wall > 0 else "")
+            f'{other:.2f} s ({100 * other / wall:.0f}%), not charged to any run</div>{_costs_html(rec)}'
+            if wall > 0 else "")
+
+
+def _costs_html(rec: RaceRecord) -> str:
+    """After a race, what a verification costs here in plain steps: a speedup is τ over the cost of the steps that
+    earn it, and where the products are compute-bound (4-bit weights on a CPU) each drafted row costs almost a step."""
+    if rec.active or not rec.verify_costs:
+        return ""
+    costs = " · ".join(f"{n} drafts {c:.2f} plain steps" for n, c in rec.verify_costs.items())
+    where = f"{rec.device}, {rec.precision}" if rec.device == "cpu" else rec.device
+    return (f'<div class="sd-clock">cost of one verifying forward here ({_esc(where)}): {costs} — why the speedup '
+            'stays below τ</div>')
 
 
 def _board_summary_html(rec: RaceRecord, ack: str, drawn: int) -> str:
