@@ -8,9 +8,10 @@ and AR tokens/s and the speedup of each, relative to the bench's.  The machine's
 minutes, so the repeats go round robin (each repeat runs every way once, starting with a different way each time) and
 the figure reported is the median over the repeats of each way's ratio to the bench run of the same repeat (minutes
 apart at most); the ratio of the medians is printed beside it.  Every way decodes at one CPU precision, `--precision`
-(default: the page's, precision.default_precision), the page's picker set to it.  With --race-all the api and page ways race all
-the methods at once in lanes (`/race_all`, the page's Race all) against one bench run of them all.  The browser is
-open throughout, as it is for someone watching.  Run it alone on the machine (every process here shares the cores):
+(default: the page's, precision.default_precision), the page's picker set to it.  With --race-all the api and page
+ways race all the methods at once in lanes (`/race_all`, the page's Race all) against one bench run of them all.  The
+browser is open throughout, as it is for someone watching.  Run it alone on the machine (every process here shares
+the cores):
 
     .venv/bin/python scripts/race_honesty.py --methods rest,s4c --example Code --max-new-tokens 128 --repeats 5
     .venv/bin/python scripts/race_honesty.py --race-all --methods rest,s4c,sdsat,pld --example Code --repeats 5
@@ -85,8 +86,11 @@ def watched_app(precision: str) -> Iterator[tuple[str, object]]:
         page.wait_for_selector(".sd-chip:not(.sd-chip-bad)", timeout=300_000)
         precision_picker = page.locator("#sd-precision label", has_text=precision)
         if "selected" not in (precision_picker.get_attribute("class") or ""):
-            precision_picker.click()  # the page loads the model at that precision, then shows it in the header
-            page.wait_for_selector(f".sd-chip:not(.sd-chip-bad):has-text('{precision}')", timeout=300_000)
+            loaded = page.inner_text(".sd-chip")
+            precision_picker.click()  # the page loads the model at that precision; the header then describes it
+            page.wait_for_function("(was) => { const c = document.querySelector('.sd-chip');"
+                                   " return c && !c.classList.contains('sd-chip-bad') && c.innerText !== was; }",
+                                   arg=loaded, timeout=300_000)
         try:
             yield url, page
         finally:

@@ -4,9 +4,9 @@ On one machine the browser's drawing (parsing the panes' HTML, layout, paint, th
 with the decoding steps being timed: each step it overlaps runs slower, and the plain run, with more steps, pays more
 often.  So after each update the page's race waits for the page's acknowledgement (`assets/drawn.js` sends it once
 the update is painted and the browser is idle, and for an update that redraws the charts once every shown chart has
-its marks: the first such update loads the charting module, during which the page looks idle) before the next step.  The wait is wall time charged to neither run;
-the summary shows it as the page's share.  A page that does not answer (a background tab, a script) is waited for
-once, then no more for that race.
+its marks: the first such update loads the charting module, during which the page looks idle) before the next step.
+The wait is wall time charged to neither run; the summary shows it as the page's share.  A page that does not answer
+(a background tab, a script) is waited for once, then no more for that race.
 """
 from __future__ import annotations
 
