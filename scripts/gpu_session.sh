@@ -20,6 +20,8 @@
 #   bf16-one-bucket  bf16 with every step in one 65-row bucket (batch-invariance by construction);
 #   layers-ab      the fp32 bench's modes through the transformers layer (SPECDEMO_FUSED_DECODER=0), the fused step's
 #                  comparison: $OUT/<gpu>_fp32_transformers_layer.json;
+#   tasks-distill  (named only, with a kit packed with TASKS=N) the kit's task requests answered, 128 tokens each:
+#                  $OUT/tasks_distill_gpu.jsonl.gz (and its log), which s4c-train in the same call reads too;
 #   s4c-train      (named only) S4C's heads, two epochs over every corpus from the heads carried in
 #                  .gpukit/s4c-init (or the shipped ones), the target's features in 32k-token batches; what it does
 #                  not finish by its time budget it saves: $OUT/s4c_train.log and the heads with their config as
@@ -31,8 +33,9 @@
 #                  saves: $OUT/sdsat_train.log and the adapter's four files in $OUT/sdsat_adapter.tar (for
 #                  assets/sdsat/embedded/); SDSAT_TAG and SDSAT_EXTRA run a variant beside it (below).
 # The suite needs the embedded model converted before its 8 workers start: the datastore step converts it.
-# At most 8 files come back from $OUT: these steps write 8.  (fp32 sampling, measured on 2026-11-26: identical 1.00 in
-# every mode, is `$B --dtype float32 --methods $MODES --temperature 0.8 --top-p 0.9` when wanted again.)
+# At most 8 files come back from $OUT: the default steps write 8, `tasks-distill s4c-train` 6.  (fp32 sampling,
+# measured on 2026-11-26: identical 1.00 in every mode, is `$B --dtype float32 --methods $MODES --temperature 0.8
+# --top-p 0.9` when wanted again.)
 # Every step runs alone: a timing beside other work measures the contention.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -83,11 +86,18 @@ step bf16-one-bucket 90 env SPECDEMO_STATIC_BUCKETS=64 $B --dtype bfloat16 --met
     --json "$OUT/${GPU}_bf16_one_bucket.json"
 step layers-ab 110 env SPECDEMO_FUSED_DECODER=0 $B --dtype float32 --methods $MODES \
     --json "$OUT/${GPU}_fp32_transformers_layer.json"
+# the kit's task requests (TASKS=N at pack), answered in fp32 like every corpus; resumable from its journal
+TASKS_OUT=/tmp/tasks_distill_gpu.jsonl.gz
+TASKS_MIN=$(python3 -c "print(round(max($(left) - 60, 60) / 60, 2))")
+[ -f /tmp/gpukit/base/tasks.jsonl.gz ] && step tasks-distill "$(( $(left) - 30 ))" bash -c "python3 -m specdemo \
+    distill --prompts /tmp/gpukit/base/tasks.jsonl.gz --out $TASKS_OUT --max-new-tokens 128 --max-prompt-tokens 768 \
+    --batch-size 192 --batch-tokens 0 --device cuda --minutes $TASKS_MIN > $OUT/tasks_distill.log 2>&1"
+[ -f $TASKS_OUT ] && cp $TASKS_OUT "$OUT/"
 INIT=/tmp/gpukit/s4c-init; [ -f $INIT/model.safetensors ] || INIT=assets/s4c/smollm2-135m-instruct
 INIT_ARG="--init ${S4C_INIT:-$INIT}"; [ "${S4C_INIT:-}" = none ] && INIT_ARG=""
-# every complete ShareGPT shard (a shard being distilled is a journal, not a .jsonl.gz); --first takes 1,600 records of
-# sharegpt_distill and all of every other corpus
-SHARDS=$(ls assets/corpus/sharegpt/shard-*.jsonl.gz)
+# every complete ShareGPT shard (a shard being distilled is a journal, not a .jsonl.gz) and the task answers of this
+# call; --first takes 1,600 records of sharegpt_distill and all of every other corpus
+SHARDS="$(ls assets/corpus/sharegpt/shard-*.jsonl.gz) $(ls $TASKS_OUT 2>/dev/null)"
 CORPORA="assets/corpus/selfdistill.jsonl.gz assets/corpus/sharegpt_distill.jsonl.gz assets/corpus/code_distill.jsonl.gz
     assets/corpus/tasks_distill.jsonl.gz $SHARDS"
 FIRST="0 1600 0 0"; for _ in $SHARDS; do FIRST="$FIRST 0"; done

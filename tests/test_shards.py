@@ -89,3 +89,19 @@ def test_accelerate_launch_with_two_processes_writes_the_same_shards(tmp_path, t
         two = corpus.read_corpus(shards.shard_path(tmp_path / "two", k))[1]
         key = lambda r: r["id"]  # noqa: E731
         assert sorted(one, key=key) == sorted(two, key=key)
+
+
+def test_exported_prompts_are_what_distill_reads_back_less_the_skipped(tmp_path, tiny_llama, capsys):
+    """`--export-prompts` carries prompts to a machine without the ShareGPT package: `--prompts PATH` there reads the
+    same ids and messages, less those a --skip corpus already answers."""
+    from specdemo.offline.distill import prompt_specs
+
+    model, prompts, out = str(tiny_llama.model.name_or_path), _prompts(tmp_path), tmp_path / "corpus"
+    assert cli.main(_distill(model, prompts, out, "--shards", "1")) == 0  # shard 0 answers p0-p2
+    exported = tmp_path / "carry" / "prompts.jsonl.gz"
+    assert cli.main(["distill", "--prompts", str(prompts), "--skip", str(out), "--export-prompts", str(exported)]) == 0
+    back = prompt_specs(str(exported), 0, 0, 0)
+    assert [s["id"] for s in back] == [f"p{i}" for i in range(3, 7)]
+    assert back == [s for s in prompt_specs(str(prompts), 0, 0, 0) if s["id"] not in {"p0", "p1", "p2"}]
+    assert cli.main(["distill", "--prompts", str(prompts)]) != 0
+    assert "needs --out" in capsys.readouterr().err

@@ -222,11 +222,15 @@ def register(sub) -> None:
     p.add_argument("--later", type=int, default=2000, help="sharegpt: later turns, with their real history")
     p.add_argument("--heldout", type=int, default=300, help="sharegpt: held-out first turns (for evaluation only)")
     p.add_argument("--every-later", action="store_true", help="sharegpt: every later turn, not one per conversation")
-    p.add_argument("--out", required=True, type=Path,
+    p.add_argument("--out", type=Path,
                    help="a .jsonl.gz corpus, or a directory (ending in /) of numbered shards (shards.py)")
+    p.add_argument("--export-prompts", type=Path, metavar="PATH.jsonl.gz",
+                   help="answer nothing: write the prompts (less --skip's) as chat messages, for a machine without "
+                        "the ShareGPT package to distil with --prompts PATH")
     p.add_argument("--shard-prompts", type=int, default=2000, help="directory --out: prompts per shard")
     p.add_argument("--shards", type=int, default=0, help="directory --out: answer only the first N shards (0 = all)")
-    p.add_argument("--skip", nargs="*", default=[], help="corpora (globs) whose ids a sharded corpus leaves out")
+    p.add_argument("--skip", nargs="*", default=[],
+                   help="corpora (globs) whose ids a sharded corpus or --export-prompts leaves out")
     p.add_argument("--batch-tokens", type=int, default=0,
                    help="at most this many prompt tokens per batch (0 = --batch-size rows whatever their length)")
     p.add_argument("--max-new-tokens", type=int, default=256)
@@ -244,6 +248,8 @@ def register(sub) -> None:
 
 
 def _cli(args) -> int:
+    if args.out is None and args.export_prompts is None:
+        raise ValueError("distill needs --out (a corpus file or a shard directory) or --export-prompts")
     for name in ("first", "later", "heldout", "max_new_tokens", "max_prompt_tokens", "batch_size"):
         if getattr(args, name) < (0 if name in ("first", "later", "heldout") else 1):
             raise ValueError(f"--{name.replace('_', '-')} must be >= {0 if name in ('first', 'later', 'heldout') else 1}")
@@ -263,12 +269,25 @@ def _cli(args) -> int:
               f"{args.out}")
         return 0
     specs = prompt_specs(args.prompts, args.first, args.later, args.heldout, args.every_later)
+    if args.export_prompts:
+        return export_prompts(specs, shards.skip_ids(args.skip), args.export_prompts)
     command = args.command_line
     if _is_directory(args.out):
         return distill_shards(args, specs, command)
     target = load_target(args.model, args.device, args.dtype)
     distill(target, specs, args.out, args.max_new_tokens, args.max_prompt_tokens, args.batch_size, args.minutes,
             batch_tokens=args.batch_tokens, command=command)
+    return 0
+
+
+def export_prompts(specs: list[dict], skip: set[str], path: Path) -> int:
+    """Write `specs` less the ids in `skip` as {"id", "messages"} lines (gzip for a .gz path), which `--prompts PATH`
+    reads back: the GPU machine has no ShareGPT package (120 MB), so its prompts travel as text."""
+    kept = [{"id": s["id"], "messages": s["messages"]} for s in specs if s["id"] not in skip]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with (gzip.open if path.suffix == ".gz" else open)(path, "wt", encoding="utf-8") as f:
+        f.writelines(json.dumps(s) + "\n" for s in kept)
+    print(f"wrote {len(kept)} prompts ({len(specs) - len(kept)} skipped) to {path}")
     return 0
 
 
