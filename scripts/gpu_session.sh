@@ -97,10 +97,10 @@ INIT=/tmp/gpukit/s4c-init; [ -f $INIT/model.safetensors ] || INIT=assets/s4c/smo
 INIT_ARG="--init ${S4C_INIT:-$INIT}"; [ "${S4C_INIT:-}" = none ] && INIT_ARG=""
 # every complete ShareGPT shard (a shard being distilled is a journal, not a .jsonl.gz) and the task answers of this
 # call; --first takes 1,600 records of sharegpt_distill and all of every other corpus
-SHARDS="$(ls assets/corpus/sharegpt/shard-*.jsonl.gz) $(ls $TASKS_OUT 2>/dev/null)"
+GROWN="$(ls assets/corpus/sharegpt/shard-*.jsonl.gz) $(ls $TASKS_OUT 2>/dev/null)"
 CORPORA="assets/corpus/selfdistill.jsonl.gz assets/corpus/sharegpt_distill.jsonl.gz assets/corpus/code_distill.jsonl.gz
-    assets/corpus/tasks_distill.jsonl.gz $SHARDS"
-FIRST="0 1600 0 0"; for _ in $SHARDS; do FIRST="$FIRST 0"; done
+    assets/corpus/tasks_distill.jsonl.gz $GROWN"
+FIRST="0 1600 0 0"; for _ in $GROWN; do FIRST="$FIRST 0"; done
 S4C_TAG=${S4C_TAG:-}  # names a variant's step and files, as SDSAT_TAG does below
 # the time budget (features included) ends 55 s before the step's limit: the held-out evaluation and the save follow it
 S4C_CAP=$(( $(left) - 30 )); S4C_MIN=$(python3 -c "print(round(max($S4C_CAP - 55, 60) / 60, 2))")
