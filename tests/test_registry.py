@@ -161,3 +161,23 @@ def test_built_in_registry():
                                             "probe"]
     assert registry.all_sources()["head4"].label == "head 4+"
     assert METHODS + ("hf",) == ("ar", "rest", "s4c", "sdsat", "pld", "hf")  # the bench lists methods this way
+
+
+def test_loading_a_model_builds_its_available_drafters(toy, tiny_llama):
+    """What a drafter keeps per model (a datastore, heads, an adapter) loads with the model, not in the first request
+    that races it; a drafter whose artifact fails does not stop the model from loading."""
+    from specdemo.app.models import ModelCache
+
+    ModelCache(keep=1).put("tiny", tiny_llama)
+    assert toy.made == [], "unavailable on this model: not built"
+    toy.unavailable_reason = lambda target: None
+    ModelCache(keep=1).put("tiny", tiny_llama)
+    assert toy.made == [2], "built once, with its defaults"
+
+    def broken(target, width: int = 2):
+        raise OSError("the artifact is unreadable")
+
+    toy.make = broken
+    cache = ModelCache(keep=1)
+    cache.put("tiny", tiny_llama)
+    assert "tiny" in cache

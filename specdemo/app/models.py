@@ -14,7 +14,7 @@ from specdemo.app.clocks import model_thread
 from specdemo.app.public import check_model
 from specdemo.budget import measure_cost_curves
 from specdemo.precision import join_spec, split_spec
-from specdemo.drafters import LABELS, REGISTRY, note, unavailable_reason
+from specdemo.drafters import LABELS, REGISTRY, load_artifacts, note, unavailable_reason
 from specdemo.target import ModelLoadError, Target, UnsupportedForTree, load_target
 
 
@@ -47,6 +47,7 @@ class ModelCache:
             self._make_room()
             target = _load(name)
             measure_cost_curves(target)  # here, not in the first race's first step
+            load_artifacts(target)  # here, not in the first race of each method
             self._targets[name] = target
             return target
 
@@ -59,6 +60,7 @@ class ModelCache:
             if name not in self._targets:
                 self._make_room()
             measure_cost_curves(target)
+            load_artifacts(target)
             self._targets[name] = target
 
     def _make_room(self) -> None:

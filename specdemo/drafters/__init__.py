@@ -27,8 +27,8 @@ from specdemo.target import Target
 
 __all__ = ["REGISTRY", "METHODS", "BY_NAME", "LABELS", "DEFAULT_METHOD", "PROMPT", "DraftSource", "DrafterUnavailable",
            "Knob", "Method", "Option", "all_knobs", "all_sources", "as_number", "build_drafter", "by_default_rank",
-           "check_options", "knobs", "make_drafter", "module", "note", "number_text", "options", "register", "sources",
-           "unavailable_reason", "unregister"]
+           "check_options", "knobs", "load_artifacts", "make_drafter", "module", "note", "number_text", "options",
+           "register", "sources", "unavailable_reason", "unregister"]
 
 BUILT_IN = (  # the order the page shows them in
     Method("rest", "REST", "drafts retrieved from a datastore of text and from the request itself", 0, "#16a34a",
@@ -205,3 +205,15 @@ def unavailable_reason(method: str, target: Target) -> str | None:
     if method == "ar":
         return None
     return module(method).unavailable_reason(target)
+
+
+def load_artifacts(target: Target) -> None:
+    """Build each method available on `target` once with its defaults, so what it keeps per model (a datastore, heads,
+    an adapter: Target.artifacts) loads with the model and not inside the first request that races it.  A drafter
+    that fails here is left to fail, with its message, where a request builds it."""
+    for method in (m.name for m in _entries):
+        try:
+            if unavailable_reason(method, target) is None:
+                make_drafter(method, target)
+        except Exception:  # noqa: BLE001 — loading the model must not depend on one drafter's artifact
+            continue
