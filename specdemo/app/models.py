@@ -46,8 +46,7 @@ class ModelCache:
                 return self._targets[name]
             self._make_room()
             target = _load(name)
-            measure_cost_curves(target)  # here, not in the first race's first step
-            load_artifacts(target)  # here, not in the first race of each method
+            _prepare(target)
             self._targets[name] = target
             return target
 
@@ -59,8 +58,7 @@ class ModelCache:
         with self._lock:
             if name not in self._targets:
                 self._make_room()
-            measure_cost_curves(target)
-            load_artifacts(target)
+            _prepare(target)
             self._targets[name] = target
 
     def _make_room(self) -> None:
@@ -81,6 +79,13 @@ def _load(name: str) -> Target:
         raise
     except Exception as exc:  # noqa: BLE001 — the page shows the message and keeps serving
         raise ModelLoadError(f"Loading {name} failed: {type(exc).__name__}: {str(exc)[:300]}") from exc
+
+
+def _prepare(target: Target) -> None:
+    """What a loaded model needs before its first race, done once here and not inside a request: its verification
+    cost curves (a race's first step would measure them) and what each available drafter keeps on it."""
+    measure_cost_curves(target)
+    load_artifacts(target)
 
 
 MODELS = ModelCache()
