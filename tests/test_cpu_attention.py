@@ -1,7 +1,10 @@
 """The CPU's row-exact attention: every tree row gets the bits a one-token step at its position gets."""
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -108,3 +111,17 @@ def test_probe_rows_are_attention_and_leave_the_real_rows_exact(seed):
         torch.testing.assert_close(got[0, n_real:], exact[0, n_real:], atol=1e-5, rtol=1e-5)
     middle = DraftTree([1, 2, 3], [-1, -1, 1], probe=[True, False, False])
     assert TreeBuffers.build(middle, 5).attention_mask(5, torch.float32).probes_from is None
+
+
+def test_importing_specdemo_makes_batched_rows_exact():
+    """specdemo asks MKL for reproducible results before anything calls it (MKL_CBWR), so the flash kernel gives a
+    query the same bits on every thread and a path's rows can share one call at 2 threads (the test suite's count);
+    a user's own MKL_CBWR is left alone."""
+    code = ("import specdemo, os, torch; from specdemo.cpu_attention import batches_are_exact; "
+            "print(os.environ['MKL_CBWR'], batches_are_exact(2, 9, 1, 64, 3))")
+    env = {k: v for k, v in os.environ.items() if k != "MKL_CBWR"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["AUTO,STRICT", "True"]
+    env["MKL_CBWR"] = "COMPATIBLE"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split()[0] == "COMPATIBLE"
