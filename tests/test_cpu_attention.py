@@ -118,7 +118,7 @@ def test_importing_specdemo_makes_batched_rows_exact():
     query the same bits on every thread and a path's rows can share one call at 2 threads (the test suite's count);
     a user's own MKL_CBWR is left alone."""
     code = ("import specdemo, os, torch; from specdemo.cpu_attention import batches_are_exact; "
-            "print(os.environ['MKL_CBWR'], batches_are_exact(2, 9, 1, 64, 3))")
+            "torch.set_num_threads(2); print(os.environ['MKL_CBWR'], batches_are_exact(2, 9, 1, 64, 3))")
     env = {k: v for k, v in os.environ.items() if k != "MKL_CBWR"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.split() == ["AUTO,STRICT", "True"]
