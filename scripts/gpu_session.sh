@@ -95,9 +95,10 @@ TASKS_MIN=$(python3 -c "print(round(max($(left) - 60, 60) / 60, 2))")
 [ -f $TASKS_OUT ] && cp $TASKS_OUT "$OUT/"
 INIT=/tmp/gpukit/s4c-init; [ -f $INIT/model.safetensors ] || INIT=assets/s4c/smollm2-135m-instruct
 INIT_ARG="--init ${S4C_INIT:-$INIT}"; [ "${S4C_INIT:-}" = none ] && INIT_ARG=""
-# every complete ShareGPT shard (a shard being distilled is a journal, not a .jsonl.gz) and the task answers of this
-# call; --first takes 1,600 records of sharegpt_distill and all of every other corpus
-GROWN="$(ls assets/corpus/sharegpt/shard-*.jsonl.gz) $(ls $TASKS_OUT 2>/dev/null)"
+# every complete ShareGPT and task shard (a shard being distilled is a journal, not a .jsonl.gz) and the task answers
+# of this call; --first takes 1,600 records of sharegpt_distill and all of every other corpus
+GROWN="$(ls assets/corpus/sharegpt/shard-*.jsonl.gz assets/corpus/tasks/shard-*.jsonl.gz 2>/dev/null) \
+    $(ls $TASKS_OUT 2>/dev/null)"
 CORPORA="assets/corpus/selfdistill.jsonl.gz assets/corpus/sharegpt_distill.jsonl.gz assets/corpus/code_distill.jsonl.gz
     assets/corpus/tasks_distill.jsonl.gz $GROWN"
 FIRST="0 1600 0 0"; for _ in $GROWN; do FIRST="$FIRST 0"; done
