@@ -174,7 +174,7 @@ def _distilled_documents(target) -> tuple[list[list[int]], str, list[str]]:
         docs += d
         digests.append(digest)
         if d:
-            counts.append(f"{path.name} ({len(d)} answers)")
+            counts.append(f"{'/'.join(path.parts[-2:])} ({len(d)} answers)")  # shards of two folders share names
     return docs, "+".join(digests), counts
 
 
