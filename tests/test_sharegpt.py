@@ -106,7 +106,6 @@ def test_packaged_sharegpt_reads_record_by_record():
     assert all(len(p["messages"]) > 1 for p in prompts[50:])  # later turns keep their real history
 
 
-@pytest.mark.slow
 def test_every_shipped_corpus_file_is_read_by_the_consumers():
     """A corpus committed under assets/corpus (a shard folder included) that `distilled_corpora` missed would escape
     the decontamination check below, REST's default store and the calibration's held-out check."""
@@ -116,6 +115,7 @@ def test_every_shipped_corpus_file_is_read_by_the_consumers():
     assert shipped and shipped == set(distilled_corpora())
 
 
+@pytest.mark.slow
 def test_shipped_corpora_share_no_10gram_with_evaluation_sets():
     """Training prompts, answers and datastore documents of the embedded model vs HumanEval and Spec-Bench."""
     from transformers import AutoTokenizer
