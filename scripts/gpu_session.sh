@@ -95,13 +95,11 @@ TASKS_MIN=$(python3 -c "print(round(max($(left) - 60, 60) / 60, 2))")
 [ -f $TASKS_OUT ] && cp $TASKS_OUT "$OUT/"
 INIT=/tmp/gpukit/s4c-init; [ -f $INIT/model.safetensors ] || INIT=assets/s4c/smollm2-135m-instruct
 INIT_ARG="--init ${S4C_INIT:-$INIT}"; [ "${S4C_INIT:-}" = none ] && INIT_ARG=""
-# every complete ShareGPT and task shard (a shard being distilled is a journal, not a .jsonl.gz) and the task answers
-# of this call; --first takes 1,600 records of sharegpt_distill and all of every other corpus
-GROWN="$(ls assets/corpus/sharegpt/shard-*.jsonl.gz assets/corpus/tasks/shard-*.jsonl.gz 2>/dev/null) \
-    $(ls $TASKS_OUT 2>/dev/null)"
-CORPORA="assets/corpus/selfdistill.jsonl.gz assets/corpus/sharegpt_distill.jsonl.gz assets/corpus/code_distill.jsonl.gz
-    assets/corpus/tasks_distill.jsonl.gz $GROWN"
-FIRST="0 1600 0 0"; for _ in $GROWN; do FIRST="$FIRST 0"; done
+# every corpus the datastore and the decontamination test read (corpus.distilled_corpora: the shipped ones, then every
+# finished shard) and the task answers of this call; --first takes 1,600 records of sharegpt_distill (the second) and
+# all of every other corpus
+CORPORA="$(python3 -c 'from specdemo.offline.corpus import distilled_corpora as d; print(*d())') $(ls $TASKS_OUT 2>/dev/null)"
+FIRST="0 1600"; for _ in $(echo $CORPORA | cut -d' ' -f3-); do FIRST="$FIRST 0"; done
 S4C_TAG=${S4C_TAG:-}  # names a variant's step and files, as SDSAT_TAG does below
 # the time budget (features included) ends 55 s before the step's limit: the held-out evaluation and the save follow it
 S4C_CAP=$(( $(left) - 30 )); S4C_MIN=$(python3 -c "print(round(max($S4C_CAP - 55, 60) / 60, 2))")
