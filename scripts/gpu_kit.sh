@@ -47,6 +47,16 @@ pack() {
 unpack() {
     mkdir -p /tmp/gpukit
     [ -d "$KIT" ] && cp -r "$KIT"/. /tmp/gpukit/
+    # Assets taken out of the index to make room (docs/gpu/README.md, step 0) travel once, as carried paths, and the
+    # next call's copy of the tree empties them: keep what arrives, and put it back in a call that came without it.
+    local d
+    for d in corpus s4c sdsat; do
+        if [ -n "$(find "assets/$d" -type f 2>/dev/null | head -1)" ]; then
+            mkdir -p /tmp/gpukit/keep && rm -rf "/tmp/gpukit/keep/$d" && cp -r "assets/$d" "/tmp/gpukit/keep/$d"
+        elif [ -d "/tmp/gpukit/keep/$d" ]; then
+            rm -rf "assets/$d" && cp -r "/tmp/gpukit/keep/$d" "assets/$d" && echo "gpu_kit: assets/$d put back"
+        fi
+    done
     local parts; parts=$(ls /tmp/gpukit/part-*/gguf.* 2>/dev/null | sort || true)
     [ -f /tmp/gpukit/base/gguf.sha256 ] || { echo "gpu_kit: carry .gpukit/base first"; return 0; }
     if [ ! -f /tmp/site/.wheels ]; then  # the wheels go in with the first call
