@@ -29,7 +29,7 @@ pack() {
     # distilled) as chat messages: the GPU machine has no ShareGPT package to build them from
     if [ "${TASKS:-0}" -gt 0 ]; then
         $PY -m specdemo distill --prompts tasks --first "$TASKS" --skip assets/corpus/tasks_distill.jsonl.gz \
-            'assets/corpus/tasks/shard-*.jsonl.gz' \
+            'assets/corpus/tasks*/shard-*.jsonl.gz' \
             --export-prompts "$KIT/base/tasks.jsonl.gz"
     fi
     gguf=$($PY -c 'from specdemo.target import embedded_gguf_path; print(embedded_gguf_path())')

@@ -23,15 +23,17 @@ CODE_DISTILL_PATH = ASSETS / "corpus" / "code_distill.jsonl.gz"  # `distill --pr
 TASKS_DISTILL_PATH = ASSETS / "corpus" / "tasks_distill.jsonl.gz"
 DISTILLED_CORPORA = (SELFDISTILL_PATH, SHAREGPT_DISTILL_PATH, CODE_DISTILL_PATH, TASKS_DISTILL_PATH)
 SHARDS_DIR = ASSETS / "corpus" / "sharegpt"  # the rest of ShareGPT in shards (`distill --out assets/corpus/sharegpt/`)
-TASK_SHARDS_DIR = ASSETS / "corpus" / "tasks"  # more task requests in shards (`distill --prompts tasks --out ...`)
+# its folders of shards: ShareGPT's above, the task requests' (`distill --prompts tasks --out assets/corpus/tasks/`)
+# and `tasks-2/` for the requests after those (a shard folder's manifest is fixed when it starts)
+CORPUS_DIR = ASSETS / "corpus"
 FORMAT = "specdemo-selfdistill"
 VERSION = 2
 
 
 def distilled_corpora() -> list[Path]:
     """The shipped corpora and every finished shard (an unfinished one is only a journal, which this skips)."""
-    return list(DISTILLED_CORPORA) + [path for folder in (SHARDS_DIR, TASK_SHARDS_DIR)
-                                      for path in sorted(folder.glob("shard-*.jsonl.gz"))]
+    shards = CORPUS_DIR.glob("*/shard-*.jsonl.gz")
+    return list(DISTILLED_CORPORA) + sorted(shards, key=lambda path: (path.parent.name, path.name))
 
 
 def expand(paths: list[str | Path]) -> list[Path]:
