@@ -15,17 +15,17 @@ from pathlib import Path
 from specdemo import ASSETS
 from specdemo.offline.sharegpt import is_heldout_record, split_name
 
-PROMPTS_PATH = ASSETS / "corpus" / "prompts.jsonl"
-SELFDISTILL_PATH = ASSETS / "corpus" / "selfdistill.jsonl.gz"
-SHAREGPT_DISTILL_PATH = ASSETS / "corpus" / "sharegpt_distill.jsonl.gz"  # `python -m specdemo distill`, see README
-CODE_DISTILL_PATH = ASSETS / "corpus" / "code_distill.jsonl.gz"  # `distill --prompts stdlib`: the target writing code
-# `distill --prompts tasks`: summaries, grounded answers and translations asked of ShareGPT's own text
-TASKS_DISTILL_PATH = ASSETS / "corpus" / "tasks_distill.jsonl.gz"
-DISTILLED_CORPORA = (SELFDISTILL_PATH, SHAREGPT_DISTILL_PATH, CODE_DISTILL_PATH, TASKS_DISTILL_PATH)
-SHARDS_DIR = ASSETS / "corpus" / "sharegpt"  # the rest of ShareGPT in shards (`distill --out assets/corpus/sharegpt/`)
-# its folders of shards: ShareGPT's above, the task requests' (`distill --prompts tasks --out assets/corpus/tasks/`)
-# and `tasks-2/` for the requests after those (a shard folder's manifest is fixed when it starts)
+# the shipped corpora, and folders of shards: `sharegpt/` (the rest of ShareGPT, `distill --out
+# assets/corpus/sharegpt/`), `tasks/` and `tasks-2/` (task requests, `distill --prompts tasks --out ...`; a second
+# folder since a shard folder's manifest is fixed when it starts)
 CORPUS_DIR = ASSETS / "corpus"
+PROMPTS_PATH = CORPUS_DIR / "prompts.jsonl"
+SELFDISTILL_PATH = CORPUS_DIR / "selfdistill.jsonl.gz"
+SHAREGPT_DISTILL_PATH = CORPUS_DIR / "sharegpt_distill.jsonl.gz"  # `python -m specdemo distill`, see README
+CODE_DISTILL_PATH = CORPUS_DIR / "code_distill.jsonl.gz"  # `distill --prompts stdlib`: the target writing code
+# `distill --prompts tasks`: summaries, grounded answers and translations asked of ShareGPT's own text
+TASKS_DISTILL_PATH = CORPUS_DIR / "tasks_distill.jsonl.gz"
+DISTILLED_CORPORA = (SELFDISTILL_PATH, SHAREGPT_DISTILL_PATH, CODE_DISTILL_PATH, TASKS_DISTILL_PATH)
 FORMAT = "specdemo-selfdistill"
 VERSION = 2
 
