@@ -536,3 +536,30 @@ def test_fused_draft_step_equals_the_heads_forward(tiny):
             want = heads.head(h, emb, feat, pos, mask=mask, cache=caches[0])
             got = step.head(h, emb, feat, pos, mask, caches[1])
             torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_heads_cut_to_a_smaller_shape_keep_their_channels_exactly(tiny_llama):
+    """scripts/head_shape_cost.py's smaller heads (which price a head shape's drafting) keep the kept MLP channels'
+    weights as they were: each cut head computes what the original computes with the dropped channels zeroed, and
+    scores only the vocabulary it was given."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "head_shape_cost.py"
+    spec = importlib.util.spec_from_file_location("head_shape_cost", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    t = tiny_llama
+    heads = _heads(t)
+    small = script.cut_heads(heads, 32, torch.arange(100, 300)).eval().requires_grad_(False)
+    assert small.intermediate_size == 32 and small.draft_vocab.tolist() == list(range(100, 300))
+    zeroed = S4CHeads(t, 3, 96, torch.arange(3000)).eval().requires_grad_(False)
+    zeroed.load_state_dict(heads.state_dict())
+    torch.manual_seed(1)
+    emb, feat = torch.randn(1, 5, heads.d), torch.randn(1, 5, heads.d)
+    pos = torch.arange(5).unsqueeze(0)
+    for h, layer in enumerate(zeroed.layers):
+        dropped = script.channel_order(heads.layers[h])[32:]
+        layer.mlp.down_proj.weight[:, dropped] = 0
+        torch.testing.assert_close(small.head(h, emb, feat, pos), zeroed.head(h, emb, feat, pos), rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(heads.head(h, emb, feat, pos), zeroed.head(h, emb, feat, pos))
