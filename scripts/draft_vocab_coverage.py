@@ -13,15 +13,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
-from specdemo.offline.corpus import expand, read_corpus
-
-
-def answer_counts(paths: list[Path]) -> collections.Counter:
-    counts: collections.Counter = collections.Counter()
-    for path in paths:
-        for r in read_corpus(path)[1]:
-            counts.update(r["answer_ids"])
-    return counts
+from specdemo.offline.corpus import answer_counts
 
 
 def coverage(counts: collections.Counter, vocab: set[int]) -> float:
@@ -37,7 +29,7 @@ def main() -> None:
     shipped = set(load_file(str(Path(args.heads) / "model.safetensors"))["draft_vocab"].tolist())
     total: collections.Counter = collections.Counter()
     for group in args.corpora:
-        counts = answer_counts([Path(p) for p in expand([group])])
+        counts = answer_counts([group])
         total.update(counts)
         print(f"{group}: {sum(counts.values()):,} answer tokens, {len(counts):,} distinct, "
               f"the heads' {len(shipped):,}-token vocabulary covers {coverage(counts, shipped):.3f}")

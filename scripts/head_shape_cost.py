@@ -14,13 +14,12 @@ predict.
 from __future__ import annotations
 
 import argparse
-import collections
 from pathlib import Path
 
 import torch
 
 from specdemo.drafters.s4c.heads import EMBEDDED_HEADS, S4CHeads, load_heads, save_heads
-from specdemo.offline.corpus import expand, read_corpus
+from specdemo.offline.corpus import answer_counts
 from specdemo.target import load_target
 
 
@@ -33,10 +32,7 @@ def channel_order(layer) -> torch.Tensor:
 
 def frequent_vocab(vocab: torch.Tensor, corpora: list[str], n: int) -> torch.Tensor:
     """The `n` tokens of `vocab` most frequent in the corpora's answers, in id order."""
-    counts: collections.Counter = collections.Counter()
-    for path in expand(corpora):
-        for record in read_corpus(Path(path))[1]:
-            counts.update(record["answer_ids"])
+    counts = answer_counts(corpora)
     ranked = sorted(vocab.tolist(), key=lambda t: -counts.get(t, 0))
     return torch.tensor(sorted(ranked[:n]))
 

@@ -6,6 +6,7 @@ S4C's and SDSAT's held-out figures are measured on the same records and the data
 """
 from __future__ import annotations
 
+import collections
 import glob
 import gzip
 import itertools
@@ -81,6 +82,16 @@ def read_records(paths: list[str | Path]) -> list[dict]:
                     out.append({"id": str(r.get("id", f"{path.name}:{n}")), "prompt_ids": list(r["ids"][:start]),
                                 "answer_ids": list(r["ids"][start:])})
     return out
+
+
+def answer_counts(paths: list[str | Path]) -> collections.Counter:
+    """How often each token occurs in the answers of the corpora at `paths` (globs and shard folders too), one file
+    at a time: the frequencies a draft vocabulary is ranked by."""
+    counts: collections.Counter = collections.Counter()
+    for path in expand(paths):
+        for r in read_records([path]):
+            counts.update(r["answer_ids"])
+    return counts
 
 
 def split_heldout(records: list[dict]) -> tuple[list[dict], list[dict]]:
