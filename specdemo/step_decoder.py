@@ -77,7 +77,7 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
 def fused_linear(*parts: torch.nn.Module) -> torch.nn.Module:
     """One product for several linear layers side by side (outputs concatenated), at the parts' precision: int4
     parts' packed blocks and scales are concatenated (the CPU int4 layout packs output rows in whole blocks), dense
-    parts' weights are packed together, in bf16 where the parts are.  The packed copy is what the fusion adds in memory
+    parts' weights are packed together, at the parts' `weights`.  The packed copy is what the fusion adds in memory
     (the embedded model's q/k/v and gate/up weights: ~0.28 GB in fp32); the parts keep theirs for the prefill.  Each
     part records where its output went (`fused_into`: the product and its first column), so that hooks on a part
     (SDSAT's adapter) can follow it."""
@@ -85,7 +85,7 @@ def fused_linear(*parts: torch.nn.Module) -> torch.nn.Module:
     if dense:
         bias = None if parts[0].bias is None else torch.cat([p.bias.detach() for p in parts])
         weight = torch.cat([p.weight.detach() for p in parts])
-        fused = frozen_linear(weight, draft_precision=bool(getattr(parts[0], "bf16", False)), bias=bias)
+        fused = frozen_linear(weight, weights=getattr(parts[0], "weights", "fp32"), bias=bias)
     else:
         fused = Int4Linear.concat(parts)
     start = 0
@@ -104,7 +104,7 @@ def fusable(*parts: torch.nn.Module) -> bool:
         return all(p.out_features % Int4Linear.ROW_BLOCK == 0 for p in parts[:-1]) and \
             len({(p.in_features, p.bias is None) for p in parts}) == 1
     return all(type(p) in (PackedLinear, torch.nn.Linear) for p in parts) and \
-        len({(type(p), bool(getattr(p, "bf16", False)), p.bias is None) for p in parts}) == 1
+        len({(type(p), getattr(p, "weights", "fp32"), p.bias is None) for p in parts}) == 1
 
 
 class RotaryTable:

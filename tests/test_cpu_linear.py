@@ -74,8 +74,8 @@ def test_draft_precision_packs_bf16_and_keeps_fp32_io():
     (state dict, autograd) are untouched."""
     model = _model()
     keys = {k: v.clone() for k, v in model.state_dict().items()}
-    n = use_packed_linears(model, draft_precision=True)
-    assert n and all(m.bf16 for m in model.modules() if isinstance(m, PackedLinear))
+    n = use_packed_linears(model, weights="bf16")
+    assert n and all(m.weights == "bf16" for m in model.modules() if isinstance(m, PackedLinear))
     lin = model.model.layers[0].mlp.up_proj
     x = torch.randn(3, 64)
     with torch.no_grad():
@@ -87,15 +87,17 @@ def test_draft_precision_packs_bf16_and_keeps_fp32_io():
     assert all(torch.equal(v, keys[k]) for k, v in model.state_dict().items())
 
 
-def test_a_cpu_without_native_bf16_drafts_in_fp32_and_refuses_reduced_precisions(monkeypatch):
-    """SPECDEMO_NATIVE_BF16=0 runs the project as on a CPU without native bf16: drafting linears stay fp32, and the
-    bf16 and int4 precisions are refused with a message naming what to use."""
+def test_a_cpu_without_native_bf16_packs_no_bf16_and_refuses_reduced_precisions(monkeypatch):
+    """SPECDEMO_NATIVE_BF16=0 runs the project as on a CPU without native bf16: linears asked for in bf16 stay fp32,
+    drafting linears take fp16 where fbgemm has it (it needs AVX2, not native bf16), and the bf16 and int4 precisions
+    are refused with a message naming what to use."""
     from specdemo.precision import apply_precision, default_precision
 
     monkeypatch.setenv("SPECDEMO_NATIVE_BF16", "0")
     model = _model()
-    assert use_packed_linears(model, draft_precision=True)
-    assert not any(m.bf16 for m in model.modules() if isinstance(m, PackedLinear))
+    assert use_packed_linears(model, weights="bf16")
+    assert all(m.weights == "fp32" for m in model.modules() if isinstance(m, PackedLinear))
+    assert cpu_linear.draft_weights() == ("fp16" if cpu_linear.fp16_available() else "fp32")
     assert default_precision() == "fp32"
     for precision in ("bf16", "int4"):
         with pytest.raises(ValueError, match="native bf16.*use fp32"):
@@ -126,13 +128,47 @@ def test_draft_precision_scores_rank_like_the_fp32_product():
     torch.manual_seed(2)
     w = torch.randn(5000, 64)
     x = torch.randn(3, 64)
-    lin = cpu_linear.frozen_linear(w, draft_precision=True)
+    lin = cpu_linear.frozen_linear(w, weights="bf16")
     with torch.no_grad():
         got, want = lin(x), x @ w.T
     assert got.dtype == torch.float32 and got.shape == want.shape
     torch.testing.assert_close(got, want, rtol=2e-2, atol=0.1)  # bf16 has 8 mantissa bits
     # the top candidates a drafter keeps: the fp32 top-1 is among the bf16 top-3, row by row
     assert all(int(want[r].argmax()) in got[r].topk(3).indices.tolist() for r in range(3))
+
+
+@pytest.mark.skipif(not cpu_linear.fp16_available(), reason="no fbgemm fp16 product on this CPU")
+@pytest.mark.parametrize("rows", [1, 3, 10])
+def test_fp16_weights_compute_the_product_of_the_fp16_rounded_weights(rows):
+    """A drafter's fp16 product (fbgemm): fp32 rows in and out, and the product of the weights rounded to fp16 (11
+    mantissa bits) with a float32 sum, bias included; state dict and autograd keep the fp32 weights."""
+    torch.manual_seed(3)
+    w, b = torch.randn(700, 64), torch.randn(700)
+    lin = cpu_linear.frozen_linear(w, weights="fp16", bias=b)
+    assert lin.weights == "fp16"
+    x = torch.randn(rows, 64)
+    with torch.no_grad():
+        got = lin(x)
+        rounded = x @ w.half().float().T + b
+    assert got.dtype == torch.float32 and got.shape == (rows, 700)
+    assert not torch.equal(got, x @ w.T + b)  # really the fp16 weights
+    torch.testing.assert_close(got, rounded, rtol=1e-4, atol=1e-4)
+    assert torch.equal(lin.weight, w)
+    model = _model()
+    assert use_packed_linears(model, weights="fp16")
+    assert all(m.weights == "fp16" for m in model.modules() if isinstance(m, PackedLinear))
+    assert cpu_linear.draft_weights() == "fp16"
+
+
+def test_weights_fall_back_to_what_the_cpu_has(monkeypatch):
+    """fp16 falls back to bf16 where fbgemm's product is missing, and bf16 to fp32 without native bf16; an unknown
+    kind is refused with the allowed ones named."""
+    monkeypatch.setattr(cpu_linear, "fp16_available", lambda: False)
+    assert cpu_linear.usable_weights("fp16") == ("bf16" if cpu_linear.bf16_available() else "fp32")
+    monkeypatch.setenv("SPECDEMO_NATIVE_BF16", "0")
+    assert cpu_linear.usable_weights("fp16") == cpu_linear.usable_weights("bf16") == "fp32"
+    with pytest.raises(ValueError, match="fp32, bf16, fp16"):
+        cpu_linear.usable_weights("int8")
 
 
 def test_s4c_heads_run_on_the_packed_path(embedded):
@@ -149,7 +185,7 @@ def test_a_bf16_row_gets_the_same_bits_alone_as_among_others():
     (oneDNN's one-row bf16 path summed a 1,536-wide product in another order on an AVX-512 bf16 CPU without AMX)."""
     g = torch.Generator().manual_seed(0)
     lin = PackedLinear.wrap(torch.nn.Linear(1536, 576))
-    lin.bf16 = True
+    lin.weights = "bf16"
     with torch.no_grad():
         lin.weight.copy_(torch.randn(576, 1536, generator=g) / 40)
         for _ in range(4):

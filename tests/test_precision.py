@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from conftest import OracleDrafter
+from specdemo.cpu_linear import fp16_available
 from specdemo.engine import GenerationConfig, generate, run_to_end
 from specdemo.precision import (
     DECODER_LINEARS,
@@ -133,6 +134,18 @@ def test_every_linear_is_row_invariant(tiny_llama, precision):
     assert target.precision == precision and target.exact
     assert ("different model" in target.weights_note) == (precision == "int4")
     assert precision in target.describe()
+    int4_head = "fp16" if fp16_available() else "bf16"  # precision._int4_head
+    assert target.lm_head.weights == (int4_head if precision == "int4" else "bf16")
+
+
+@needs_int4
+def test_an_int4_head_whose_rows_differ_alone_stays_bf16(tiny_llama, monkeypatch):
+    """The int4 model's LM head goes fp16 only where that product gives a row the bits it gets among others."""
+    import specdemo.precision as precision
+
+    monkeypatch.setattr(precision, "rows_invariant", lambda module, **_: module.weights != "fp16")
+    target = load_target(str(tiny_llama.model.name_or_path), device="cpu", precision="int4")
+    assert target.lm_head.weights == "bf16"
 
 
 @needs_int4

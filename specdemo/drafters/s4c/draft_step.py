@@ -4,7 +4,7 @@ and the scores of the draft vocabulary (`DraftScores`).
 Why: a head call drafts 1-10 rows, so on the CPU its cost is mostly the decoder layer's ~100 small operations and
 module calls, not its products.  Each head's layer runs as the target's CPU decoding step runs its layers
 (`step_decoder.FusedLayer`: one q/k/v and one gate/up product, one rotary multiply over a table built once, fused
-norms), on the heads' own weights (bf16-packed where `cached_heads` packs them so), so the outputs equal
+norms), on the heads' own weights (packed as `cached_heads` packs them), so the outputs equal
 `S4CHeads.head`'s up to float rounding (a test checks); drafts only propose, the target verifies every one.  Heads over
 a layer of another form draft through `S4CHeads.head`.
 """
@@ -30,7 +30,7 @@ class DraftStep:
     def __init__(self, heads: S4CHeads, max_positions: int = 4096):
         self.heads = heads
         eps = heads.layers[0].self_attn.config.rms_norm_eps
-        self.fc = [frozen_linear(fc.weight, draft_precision=bool(getattr(fc, "bf16", False)), bias=fc.bias)
+        self.fc = [frozen_linear(fc.weight, weights=getattr(fc, "weights", "fp32"), bias=fc.bias)
                    for fc in heads.fc]
         self.layers = [FusedLayer(layer, eps) for layer in heads.layers]
         self.norms = [RMSNorm(norm.weight, eps) for norm in heads.norms]
@@ -66,13 +66,13 @@ class DraftScores:
 
     def __init__(self, target, heads: S4CHeads, prompt: list[int]):
         key = ("s4c-draft-scores", id(heads))
-        if key not in target.artifacts:  # frozen_linear's docstring says why packed, and why in bf16
-            target.artifacts[key] = frozen_linear(heads.lm_weight(), draft_precision=True)
+        if key not in target.artifacts:  # cpu_linear.draft_weights says at what precision, and why
+            target.artifacts[key] = frozen_linear(heads.lm_weight(), weights=heads.draft_weights)
         self.fixed = target.artifacts[key]
         own = heads.draft_vocab.to(target.device)
         asked = torch.tensor(prompt, device=target.device, dtype=torch.long).unique()
         extra = asked[~torch.isin(asked, own)]
-        self.extra = frozen_linear(heads.lm_weight(extra), draft_precision=True) if len(extra) else None
+        self.extra = frozen_linear(heads.lm_weight(extra), weights=heads.draft_weights) if len(extra) else None
         self.vocab = torch.cat([own, extra])  # the token id of each column of a call's output
 
     def __call__(self, rows: torch.Tensor) -> torch.Tensor:

@@ -8,8 +8,8 @@ See `heads.py` beside this file for the model and our reading of the paper.  Opt
     topk    -- alternatives per position (default 3)
     window  -- prompt tokens the heads attend over (default: their training crop, 160): they learnt on answers after
                at most that much prompt, and a long prompt would cost a head pass over every token before a draft
-    precision -- "bf16" (default where the CPU has native bf16) or "fp32": the heads' packed weights on the CPU (a
-               head call of 1-10 rows is memory-bound, and the heads only draft: docs/s4c.md)
+    precision -- "fp16" (default; through fbgemm, where the CPU has it), "bf16" or "fp32": what the heads' products
+               multiply with on the CPU (`cpu_linear.draft_weights`: the heads only draft; docs/s4c.md)
     prompt_lookup -- NOT in the paper: graft a prompt-lookup continuation of up to N tokens onto the head tree (source
                "prompt", counted in the budget).  Default 10 through `make`, chosen on HumanEval problems 100-119 and
                ShareGPT tuning prompts (docs/s4c.md); `prompt_lookup=0` is pure S4C.
@@ -38,6 +38,7 @@ from specdemo.budget import (
     default_sizing,
     pick_budget,
 )
+from specdemo.cpu_linear import WEIGHTS
 from specdemo.drafters.contract import PROMPT, DrafterUnavailable, DraftSource, Knob, Option
 from specdemo.drafters.pld import lookup_with_ngram_length
 from specdemo.drafters.s4c.draft_step import DraftScores, draft_step, varying_shape_attention
@@ -346,7 +347,8 @@ OPTIONS = (
     Option("budget", "int", 1, 256, special=("auto",), help="most draft nodes per step; 'auto' = from the cost curve"),
     Option("topk", "int", 1, 16, help="candidates each head contributes"),
     Option("window", "int", 0, 4096, help="prompt tokens the heads attend over (0 = all; default: their training crop)"),
-    Option("precision", "choice", choices=("bf16", "fp32"), help="the heads' weights on the CPU (bf16 = half the bytes)"),
+    Option("precision", "choice", choices=WEIGHTS, help="the heads' weights on the CPU (fp16, the default: fbgemm's "
+           "product, the fastest for a head call's few rows)"),
     Option("prompt_lookup", "int", 0, 64, help="graft a prompt-lookup chain of up to this many tokens (0 = off)",
            aliases=("context",)),
     Option("dynamic", "bool", help="send per step the part of the tree that pays for its verification"),
@@ -357,7 +359,7 @@ OPTIONS = (
 
 def make(target: Target, heads: str | None = None, tree: str = "s4c", budget: int | str | None = None, topk: int = 3,
          prompt_lookup: int = 10, dynamic: bool | None = None, calibration: str | None = None,
-         window: int | None = None, precision: str = "bf16", couple: float = 1.0) -> S4CDrafter:
+         window: int | None = None, precision: str = "fp16", couple: float = 1.0) -> S4CDrafter:
     """An S4C drafter for `target` (see the module docstring for the options); tree sizes left unset come from
     budget.TREE_SIZES."""
     dynamic, budget = default_sizing(target, "s4c", dynamic, budget)
@@ -365,7 +367,7 @@ def make(target: Target, heads: str | None = None, tree: str = "s4c", budget: in
     if source is None or (isinstance(source, Path) and not (source / "model.safetensors").exists()):
         raise DrafterUnavailable(missing_heads(target))
     try:
-        loaded = cached_heads(target, str(source), bf16=precision == "bf16")
+        loaded = cached_heads(target, str(source), weights=str(precision))
     except S4CArtifactError as exc:
         raise DrafterUnavailable(str(exc)) from exc
     if budget == "auto":

@@ -48,7 +48,7 @@ from torch import nn
 from specdemo import ASSETS as PACKAGE_ASSETS
 from specdemo import artifacts
 from specdemo.artifacts import architecture_hash, resolve_dir
-from specdemo.cpu_linear import use_packed_linears
+from specdemo.cpu_linear import usable_weights, use_packed_linears
 from specdemo.target import EMBEDDED
 
 FORMAT = "specdemo-s4c"
@@ -97,6 +97,7 @@ class S4CHeads(nn.Module):
         cfg.use_sliding_window = False
         d = cfg.hidden_size
         self.d, self.n_heads, self.intermediate_size = d, n_heads, intermediate_size
+        self.draft_weights = "fp32"  # what the drafting products multiply with (`cached_heads` packs them)
         layer_cls, norm_cls = type(dec.layers[0]), type(dec.norm)
         self.fc = nn.ModuleList(nn.Linear(2 * d, d) for _ in range(n_heads))
         self.feature_layers = tuple(int(i) for i in feature_layers)
@@ -217,16 +218,18 @@ def default_heads(target) -> Path | None:
     return EMBEDDED_HEADS if target.name == EMBEDDED else None
 
 
-def cached_heads(target, source: str, bf16: bool = True) -> S4CHeads:
+def cached_heads(target, source: str, weights: str = "fp16") -> S4CHeads:
     """Heads loaded once per model and kept on it (they hold the model: a global cache would keep it alive), their
-    linear layers on the CPU's packed path like the target's (a head call has 1-10 rows), in bf16 where asked for and
-    the CPU has it: the heads only draft, and a head call streams its weights once per step."""
-    bf16 = bool(bf16 and target.packed_linears)  # elsewhere the heads are in the target's dtype either way
-    key = ("s4c-heads", source, bf16)
+    linear layers on the CPU's packed path like the target's (a head call has 1-10 rows) at `weights`
+    (`cpu_linear.WEIGHTS`, falling back where this CPU lacks the kernel): the heads only draft, and a head call streams
+    its weights once per step (`cpu_linear.draft_weights`)."""
+    weights = usable_weights(weights) if target.packed_linears else "fp32"  # elsewhere: the target's dtype either way
+    key = ("s4c-heads", source, weights)
     if key not in target.artifacts:
         heads = load_heads(target, source)
         if target.packed_linears:
-            use_packed_linears(heads, draft_precision=bf16)
+            use_packed_linears(heads, weights=weights)
+        heads.draft_weights = weights
         target.artifacts[key] = heads
     return target.artifacts[key]
 
