@@ -243,15 +243,15 @@ def apply_precision(model: torch.nn.Module, precision: str, gguf_path: Path | No
         raise ValueError("precision int4 needs torch's int4 CPU kernel and native bf16; use fp32 or bf16")
     use_row_exact_attention(model)
     head = model.get_output_embeddings()
-    bf16_packed = [head] + ([m for _, m in _decoder_linears(model)] if precision == "bf16" else [])
+    bf16_packed = [m for _, m in _decoder_linears(model)] if precision == "bf16" else []
+    if not (precision == "int4" and isinstance(head, PackedLinear) and _fp16_int4_head(head)):
+        bf16_packed.append(head)  # the LM head is bf16 at bf16, and at int4 where fp16 does not keep its rows exact
     for m in bf16_packed:
         if isinstance(m, PackedLinear):
             m.weights = "bf16"
             m._packed_weight()
     if precision == "bf16":
         return "bf16 weights (rounded from fp32)"
-    if isinstance(head, PackedLinear):
-        _int4_head(head)
     from_gguf = gguf_int4_layers(gguf_path, model.config) if gguf_path else {}
     linears = _decoder_linears(model)
     for name, lin in linears:
@@ -261,18 +261,15 @@ def apply_precision(model: torch.nn.Module, precision: str, gguf_path: Path | No
     return "int4 weights (quantised here, group 32: a different model than the checkpoint)"
 
 
-def _int4_head(head: PackedLinear) -> None:
-    """An int4 model's LM head in fp16 (fbgemm) where that product gives a row the same bits alone as among others,
-    else in bf16.  The int4 step streams ~55 MB of 4-bit decoder weights and then the head, a 49,152 x 576 matrix of
-    about as many bytes; fbgemm's fp16 product computes one row of it in ~2.0 ms against oneDNN's bf16 ~3.0 ms on the
-    2-core AMD EPYC (caches flushed, as in a step), and with 11 mantissa bits to bf16's 8 it is closer to the GGUF's
-    Q8_0 embedding.  From ~16 rows on it is the slower one; a CPU tree at int4 rarely has more than 4."""
+def _fp16_int4_head(head: PackedLinear) -> bool:
+    """Put an int4 model's LM head in fp16 (fbgemm) where that product gives a row the same bits alone as among
+    others; whether it did.  In a step it is as fast as oneDNN's bf16 head (1.0 ms either way at int4 on the 2-core
+    AMD EPYC, `scripts/step_breakdown.py`), and with 11 mantissa bits to bf16's 8 it is closer to the GGUF's Q8_0
+    embedding.  From ~16 rows on it is the slower one; a CPU tree at int4 rarely has more than 4."""
     if not fp16_available():
-        return
+        return False
     head.weights = "fp16"
-    if not rows_invariant(head, trials=1):
-        head.weights = "bf16"
-    head._packed_weight()
+    return rows_invariant(head, trials=1)  # packs it; where it returns False, the caller packs it in bf16
 
 
 @torch.no_grad()

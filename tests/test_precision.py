@@ -134,7 +134,7 @@ def test_every_linear_is_row_invariant(tiny_llama, precision):
     assert target.precision == precision and target.exact
     assert ("different model" in target.weights_note) == (precision == "int4")
     assert precision in target.describe()
-    int4_head = "fp16" if fp16_available() else "bf16"  # precision._int4_head
+    int4_head = "fp16" if fp16_available() else "bf16"  # precision._fp16_int4_head
     assert target.lm_head.weights == (int4_head if precision == "int4" else "bf16")
 
 

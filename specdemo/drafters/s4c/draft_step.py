@@ -30,7 +30,7 @@ class DraftStep:
     def __init__(self, heads: S4CHeads, max_positions: int = 4096):
         self.heads = heads
         eps = heads.layers[0].self_attn.config.rms_norm_eps
-        self.fc = [frozen_linear(fc.weight, weights=getattr(fc, "weights", "fp32"), bias=fc.bias)
+        self.fc = [frozen_linear(fc.weight, weights=heads.draft_weights, bias=fc.bias)
                    for fc in heads.fc]
         self.layers = [FusedLayer(layer, eps) for layer in heads.layers]
         self.norms = [RMSNorm(norm.weight, eps) for norm in heads.norms]
