@@ -88,7 +88,7 @@ _lock = threading.Lock()
 CURVES = "verify_cost_curves"  # the key of {sizes: curve} in Target.artifacts
 
 
-@torch.no_grad()
+@torch.inference_mode()  # the mode generate runs in: the curve prices its steps
 def verify_cost_curve(target, sizes=DEFAULT_SIZES, repeats: int = 5, context: int = 256) -> dict[int, float]:
     """Fastest of `repeats` timings of one verification (`verify.trial_forward`: the forward over root + a chain of n
     draft nodes and the LM head over all of those rows, whose cost grows with n as well) for each n in `sizes`, after

@@ -161,13 +161,18 @@ def validate_request(target: Target, prompt_ids: list[int], cfg: GenerationConfi
     cfg.sampling.validate()
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def generate(target: Target, prompt_ids: list[int], drafter: Drafter | None = None,
              cfg: GenerationConfig | None = None) -> Iterator[StepEvent]:
     """Decode `prompt_ids` with `drafter` (None = AR), yielding one StepEvent per target forward.
 
     The caller may stop iterating after any step.  Output is token-identical to AR for greedy and, for sampling,
     identical for the same seed (see sampling.py).
+
+    Inference mode, not only no-grad: a decoding step is hundreds of small operations, and without version counters
+    and autograd bookkeeping each dispatches faster (docs/architecture.md, "Inference mode").  Tensors made here are
+    inference tensors: what outlives a request and is changed in place later (pooled static steps, packed weights)
+    is made or changed in inference mode too.
     """
     cfg = cfg or GenerationConfig()
     validate_request(target, prompt_ids, cfg)

@@ -608,3 +608,25 @@ def test_declared_feature_layers_reach_the_drafter(tiny_llama, static):
     for positions, hidden in probe.seen:
         assert hidden.shape == (len(positions), 3 * d)
         torch.testing.assert_close(hidden, want[positions], rtol=tol, atol=tol)
+
+
+def test_a_model_that_has_decoded_can_still_be_trained(tiny_llama):
+    """generate runs in inference mode; nothing it leaves on the model (packed or fused weights, rotary tables,
+    pooled caches) may turn the model's weights into inference tensors, which autograd refuses to save."""
+    t = tiny_llama
+    ids = t.encode_prompt(PROMPTS[0])
+    cfg = GenerationConfig(max_new_tokens=12)
+    before, _ = run_to_end(t, ids, make_drafter("pld", t), cfg)
+    weights = [p for p in t.model.parameters()]
+    assert not any(p.is_inference() for p in weights)
+    q = t.model.get_decoder().layers[0].self_attn.q_proj.weight
+    q.requires_grad_(True)
+    try:
+        with torch.enable_grad():
+            loss = t.model(input_ids=torch.tensor([ids]), labels=torch.tensor([ids])).loss
+            loss.backward()
+        assert q.grad is not None and torch.isfinite(q.grad).all()
+    finally:
+        q.requires_grad_(False)
+        q.grad = None
+    assert run_to_end(t, ids, make_drafter("pld", t), cfg)[0] == before
