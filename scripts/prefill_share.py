@@ -21,7 +21,7 @@ from specdemo.target import Target, load_target
 from specdemo.verify import prefilled_cache
 
 
-@torch.no_grad()
+@torch.inference_mode()  # the mode generate runs in
 def prefill_seconds(target: Target, ids: list[int], repeats: int = 2) -> float:
     """Fastest of `repeats` prefills of everything but the root, as the engine prefills a prompt."""
     best = float("inf")

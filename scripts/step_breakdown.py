@@ -31,7 +31,7 @@ def fastest(fn, repeats: int) -> float:
     return best
 
 
-@torch.no_grad()
+@torch.inference_mode()  # the mode generate runs in
 def breakdown(precision: str, context: int, repeats: int) -> dict[str, float]:
     target = load_target("embedded", precision=precision)
     ids = torch.randint(100, 30000, (context + 1,), generator=torch.Generator().manual_seed(0)).tolist()

@@ -56,7 +56,7 @@ def parse_sizes(text: str) -> list[int]:
     return sorted({0, *map(int, text.split(","))})
 
 
-@torch.no_grad()
+@torch.inference_mode()  # the mode generate runs in
 def cost_curve(t: Target, sizes: list[int], repeats: int, context: int) -> tuple[dict[int, float], str]:
     """Fastest milliseconds of a verification over root + n nodes, for each n in `sizes`, and how the verifications
     ran: "cuda graphs", "static" (padded buckets, eager) or "plain"."""

@@ -166,6 +166,9 @@ class KVCache(Cache):
 
     def keep(self, start: int, src: list[int]) -> None:
         """Keep the entries at absolute indices `src` (increasing), moved to start.., in every layer; drop the rest."""
+        if not src:  # nothing moves (an AR step, a drafter dropping its draft rows)
+            self.set_length(start)
+            return
         idx = torch.tensor(src, dtype=torch.long)
         if self._joint_ready():
             if src:

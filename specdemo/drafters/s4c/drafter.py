@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from specdemo.budget import (
     GPU_BUDGET,
@@ -169,7 +170,7 @@ class S4CDrafter(Drafter):
         parents = list(range(-1, c - 1))
         for s_, e in spans:
             parents += [c - 1] + list(range(s_, e - 1))
-        mask = additive_mask(self._ancestors(parents), past, t.dtype)
+        mask = self._mask(parents, past)
         ids = torch.tensor([rows_tok], device=t.device)
         emb = heads.embed(ids).to(t.dtype)
         feat = torch.cat(rows_feat).unsqueeze(0)
@@ -181,13 +182,14 @@ class S4CDrafter(Drafter):
             self.cached_until[h] = hi + 1
         return out[:c], [list(out[s:e]) for s, e in spans]
 
-    def _ancestors(self, parents: list[int]) -> torch.Tensor:
-        """ancestor_mask(parents) on the target's device, kept per request: the same few row layouts repeat step
-        after step (1-4 committed rows, then the branches), and building one is a Python loop."""
+    def _mask(self, parents: list[int], past: int) -> torch.Tensor:
+        """additive_mask(ancestor_mask(parents), past): the rows' own block is kept per request (the same few row
+        layouts repeat step after step, and building one is a Python loop) and the visible past is padded on in one
+        operation."""
         key = tuple(parents)
         if key not in self._masks:
-            self._masks[key] = ancestor_mask(parents).to(self.target.device)
-        return self._masks[key]
+            self._masks[key] = additive_mask(ancestor_mask(parents).to(self.target.device), 0, self.target.dtype)
+        return F.pad(self._masks[key], (past, 0))
 
     def _dist(self, state: DecodeState, rows: torch.Tensor, positions: list[int], k: int):
         """Per row (guessing the target's token at positions[i]): k candidate tokens and their log-scores."""
