@@ -47,7 +47,8 @@ class PackedLinear(torch.nn.Linear):
         w = self.weight
         if w.device.type != "cpu" or w.dtype != torch.float32:
             return None
-        key = (w.data_ptr(), 0 if w.is_inference() else w._version, self.weights)  # inference tensors never change in place
+        # an inference tensor (made in generate) has no version counter: it never changes in place
+        key = (w.data_ptr(), 0 if w.is_inference() else w._version, self.weights)
         if self._packed_key != key:
             bias = None if self.bias is None else self.bias.detach()
             if self.weights == "fp16":  # fbgemm packs the bias with the weight

@@ -171,8 +171,7 @@ class KVCache(Cache):
             return
         idx = torch.tensor(src, dtype=torch.long)
         if self._joint_ready():
-            if src:
-                self.joint[:, :, :, :, start : start + len(src)] = self.joint[:, :, :, :, idx.to(self.joint.device)]
+            self.joint[:, :, :, :, start : start + len(src)] = self.joint[:, :, :, :, idx.to(self.joint.device)]
             self.set_length(start + len(src))
             return
         for layer in self.layers:
