@@ -69,7 +69,7 @@ def test_weight_change_is_seen_and_autograd_uses_plain_path():
 
 
 @pytest.mark.skipif(not cpu_linear.bf16_available(), reason="this CPU has no native bf16")
-def test_draft_precision_packs_bf16_and_keeps_fp32_io():
+def test_bf16_weights_pack_bf16_and_keep_fp32_io():
     """A drafting model's linears in bf16: fp32 rows in and out, within bf16 rounding of F.linear; the fp32 weights
     (state dict, autograd) are untouched."""
     model = _model()
@@ -124,7 +124,7 @@ def test_frozen_linear_scores_like_the_plain_product_on_the_packed_path(rows):
 
 
 @pytest.mark.skipif(not cpu_linear.bf16_available(), reason="this CPU has no native bf16")
-def test_draft_precision_scores_rank_like_the_fp32_product():
+def test_bf16_scores_rank_like_the_fp32_product():
     torch.manual_seed(2)
     w = torch.randn(5000, 64)
     x = torch.randn(3, 64)

@@ -617,8 +617,7 @@ def test_a_model_that_has_decoded_can_still_be_trained(tiny_llama):
     ids = t.encode_prompt(PROMPTS[0])
     cfg = GenerationConfig(max_new_tokens=12)
     before, _ = run_to_end(t, ids, make_drafter("pld", t), cfg)
-    weights = [p for p in t.model.parameters()]
-    assert not any(p.is_inference() for p in weights)
+    assert not any(p.is_inference() for p in t.model.parameters())
     q = t.model.get_decoder().layers[0].self_attn.q_proj.weight
     q.requires_grad_(True)
     try:
