@@ -47,17 +47,18 @@ class TreeSize:
 #   S4C, CPU: 11 -- a verification of 12 rows (root + 11) sits in a cheap spot of the measured cost curve (row counts
 #     3, 7, 11, 15 are slow kernel cases), and 11 nodes keep most of the tau of 15 at less cost (docs/s4c.md,
 #     docs/benchmarks.md); sized per step, the cap of 16 holds the whole s4c tree.  GPU: 15, extra nodes almost free.
-#   SDSAT, CPU: one adaptive token per probe chain (k=1): 4 candidates at depth 1 and a probe row under the root and
-#     under the top-1, beside prompt lookup's graft.  On the Spec-Bench tune half (24 prompts, 64 tokens, docs/sdsat.md)
-#     it beat k=2 (whose depth-2 draft is right a third of the time, and whose probe rows every step pays) at every
-#     precision: fp32 1.30x -> 1.35x, bf16 1.06x -> 1.13x, int4 0.73x -> 0.82x.  GPU: nodes are nearly free, k chains
+#   SDSAT, CPU: one adaptive token (k=1): 2 candidates at depth 1 and one probe row, under the root only, beside
+#     prompt lookup's graft.  On the Spec-Bench tune half (24 prompts, 64 tokens, docs/sdsat.md) k=1 beat k=2 (whose
+#     depth-2 draft is right a third of the time, and whose probe rows every step pays) at every precision, and this
+#     shape beat 4 candidates with a second probe row under the top-1: fp32 1.38x -> 1.40x, bf16 1.20/1.23x ->
+#     1.26x, int4 0.84x -> 0.88x (a tree row costs more at bf16 and int4).  GPU: nodes are nearly free, k chains
 #     everywhere.  prompt_lookup (NOT in the paper): prompt lookup's continuation of up to 6
 #     tokens grafted next to the probes' drafts; on 10 ShareGPT tuning prompts (docs/sdsat.md) it lifted tau
 #     1.54 -> 1.67 and 1.20x -> 1.32x; 4 and 10 tokens did the same within noise.
 TREE_SIZES: dict[str, dict[str, TreeSize]] = {
     "rest": {"cpu": TreeSize(budget=16, dynamic_cap=24), "gpu": TreeSize(budget=GPU_BUDGET, dynamic_cap=GPU_BUDGET)},
     "s4c": {"cpu": TreeSize(budget=11, dynamic_cap=16), "gpu": TreeSize(budget=15, dynamic_cap=15)},
-    "sdsat": {"cpu": TreeSize(shape={"k": 1, "chains": 1, "branching": "4,1", "shape": "main", "prompt_lookup": 6}),
+    "sdsat": {"cpu": TreeSize(shape={"k": 1, "chains": 0, "branching": "2,1", "shape": "main", "prompt_lookup": 6}),
               "gpu": TreeSize(shape={"k": 4, "chains": -1, "branching": None, "shape": "uniform", "prompt_lookup": 6})},
 }
 

@@ -15,6 +15,7 @@ from specdemo import budget as B
 from specdemo.drafters import DrafterUnavailable, make_drafter
 from specdemo.drafters.rest import build as RB
 from specdemo.drafters.rest import drafter as R
+from specdemo.drafters.rest import trie as T
 from specdemo.drafters.rest.datastore import Datastore
 from specdemo.offline import build_datastore as D
 from specdemo.tree import DraftTree, TreeBuffers
@@ -39,19 +40,21 @@ def test_context_matches_equal_brute_force(tokens, max_len, min_len):
     m, rows = R.context_matches(tokens, max_len, min_len, length=5, max_matches=1000)
     bm, conts = brute_context(tokens, max_len, min_len, 5)
     assert m == bm
-    got = [[t for t in r if t != R.PAD] for r in rows.tolist()]
+    got = [[t for t in r if t != T.PAD] for r in rows.tolist()]
     assert got == conts
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Trie and subtree
 # ---------------------------------------------------------------------------------------------------------------------
-rows_strategy = st.lists(st.tuples(st.lists(st.integers(0, 3), min_size=1, max_size=5), st.integers(1, 20),
-                                   st.booleans()), min_size=1, max_size=30)
+# few distinct tokens, so rows share prefixes; among them the ends of one- and two-byte sort keys
+TOKENS = st.one_of(st.integers(0, 3), st.sampled_from([255, 256, 65534, 65535, 70000]))
+rows_strategy = st.lists(st.tuples(st.lists(TOKENS, min_size=1, max_size=5), st.integers(1, 20), st.booleans()),
+                         min_size=1, max_size=60)
 
 
 def as_arrays(items, length=5):
-    rows = np.full((len(items), length), R.PAD, dtype=np.int64)
+    rows = np.full((len(items), length), T.PAD, dtype=np.int64)
     for i, (r, _, _) in enumerate(items):
         rows[i, : len(r)] = r
     return rows, np.array([w for _, w, _ in items], float), np.array([c for _, _, c in items])
@@ -72,7 +75,7 @@ def node_paths(trie):
 @given(rows_strategy)
 def test_trie_weights_are_prefix_counts(items):
     rows, w, ctx = as_arrays(items)
-    trie = R.build_trie(rows, w, ctx)
+    trie = T.build_trie(rows, w, ctx)
     want, want_ctx = defaultdict(float), defaultdict(float)
     for r, wt, c in items:
         for d in range(1, len(r) + 1):
@@ -88,7 +91,7 @@ def test_trie_weights_are_prefix_counts(items):
 
 
 def scores(trie, scoring):
-    return R.acceptance_scores(trie) if scoring == "acceptance" else trie.weight / trie.total
+    return T.acceptance_scores(trie) if scoring == "acceptance" else trie.weight / trie.total
 
 
 @settings(max_examples=100, deadline=None)
@@ -96,9 +99,9 @@ def scores(trie, scoring):
        st.randoms())
 def test_best_first_subtree_invariants(items, budget, min_share, scoring, rnd):
     rows, w, ctx = as_arrays(items)
-    trie = R.build_trie(rows, w, ctx)
+    trie = T.build_trie(rows, w, ctx)
     score = scores(trie, scoring)
-    chosen = R.select_subtree(trie, budget, min_share, score)
+    chosen = T.select_subtree(trie, budget, min_share, score)
     assert len(chosen) <= budget and len(set(chosen)) == len(chosen)
     seen = set()
     for i in chosen:  # every prefix is a subtree: the parent comes first
@@ -114,9 +117,9 @@ def test_best_first_subtree_invariants(items, budget, min_share, scoring, rnd):
     # deterministic: the same draft whatever the order of the retrieved rows
     perm = list(range(len(items)))
     rnd.shuffle(perm)
-    trie2 = R.build_trie(rows[perm], w[perm], ctx[perm])
+    trie2 = T.build_trie(rows[perm], w[perm], ctx[perm])
     t1 = R.to_draft_tree(trie, chosen)
-    t2 = R.to_draft_tree(trie2, R.select_subtree(trie2, budget, min_share, scores(trie2, scoring)))
+    t2 = R.to_draft_tree(trie2, T.select_subtree(trie2, budget, min_share, scores(trie2, scoring)))
     assert (t1.tokens, t1.parents, t1.sources) == (t2.tokens, t2.parents, t2.sources)
     # a valid engine tree whose root-to-node paths are retrieved prefixes
     TreeBuffers.build(t1, 10)
@@ -125,12 +128,35 @@ def test_best_first_subtree_invariants(items, budget, min_share, scoring, rnd):
         assert tuple(t1.tokens[j] for j in t1.path_to(k)) in paths
 
 
+@settings(max_examples=150, deadline=None)
+@given(rows_strategy, st.integers(1, 20), st.sampled_from(["count", "acceptance"]))
+def test_pruned_trie_gives_the_same_draft(items, budget, kind):
+    """build_trie(keep=budget) leaves out only nodes that cannot be among the budget best: the draft is unchanged."""
+    rows, w, ctx = as_arrays(items)
+    scoring = T.Scoring(kind)
+    drafts = []
+    for keep in (0, budget):
+        trie = T.build_trie(rows, w, ctx, keep, scoring)
+        score = scoring(trie)
+        t = R.to_draft_tree(trie, T.select_subtree(trie, budget, 0.0, score), score)
+        drafts.append((t.tokens, t.parents, t.sources, t.scores))
+    assert drafts[0] == drafts[1]
+
+
+def test_lexicographic_order_is_lexsort():
+    rng = np.random.default_rng(0)
+    for high in (5, 300, 70000):
+        rows = rng.integers(-1, high, (200, 6))
+        rows[rng.random(200) < 0.3] = rows[0]  # duplicates keep their order (stable)
+        assert (T.lexicographic_order(rows) == np.lexsort(rows.T[::-1])).all()
+
+
 @settings(max_examples=60, deadline=None)
 @given(rows_strategy)
 def test_acceptance_scores_are_probabilities_decreasing_down_the_tree(items):
     rows, w, ctx = as_arrays(items)
-    trie = R.build_trie(rows, w, ctx)
-    score = R.acceptance_scores(trie)
+    trie = T.build_trie(rows, w, ctx)
+    score = T.acceptance_scores(trie)
     assert ((score > 0) & (score <= 1)).all()
     for i in range(len(trie)):
         p = int(trie.parents[i])
@@ -138,21 +164,21 @@ def test_acceptance_scores_are_probabilities_decreasing_down_the_tree(items):
 
 
 def test_acceptance_scores_shrink_single_continuations():
-    one = R.build_trie(np.array([[1, 2, 3]]), np.array([1.0]))
-    many = R.build_trie(np.array([[1, 2, 3]] * 50), np.ones(50))
-    s1, s50 = R.acceptance_scores(one), R.acceptance_scores(many)
+    one = T.build_trie(np.array([[1, 2, 3]]), np.array([1.0]))
+    many = T.build_trie(np.array([[1, 2, 3]] * 50), np.ones(50))
+    s1, s50 = T.acceptance_scores(one), T.acceptance_scores(many)
     assert s1[0] == pytest.approx(0.95 / 2.6) and s1[2] == pytest.approx((0.95 / 2.6) ** 3)
     assert s50[2] > 0.75 > 0.4 > s1[0]
 
 
 def test_sources_and_weights_merge_store_and_context():
-    rows = np.array([[5, 6, R.PAD], [5, 7, R.PAD], [5, 7, R.PAD], [8, 9, 9]])
-    trie = R.build_trie(rows, np.array([1.0, 1.0, 1.0, 20.0]), np.array([False, False, False, True]))
-    tree = R.to_draft_tree(trie, R.select_subtree(trie, 10))
+    rows = np.array([[5, 6, T.PAD], [5, 7, T.PAD], [5, 7, T.PAD], [8, 9, 9]])
+    trie = T.build_trie(rows, np.array([1.0, 1.0, 1.0, 20.0]), np.array([False, False, False, True]))
+    tree = R.to_draft_tree(trie, T.select_subtree(trie, 10))
     assert tree.tokens[:2] == [5, 8] or tree.tokens[:2] == [8, 5]
     src = dict(zip(tree.tokens, tree.sources))
     assert src[8] == "prompt" and src[5] == "datastore" and src[9] == "prompt"
-    assert R.select_subtree(trie, 2) == [int(np.flatnonzero(trie.tokens == 8)[0]),
+    assert T.select_subtree(trie, 2) == [int(np.flatnonzero(trie.tokens == 8)[0]),
                                          int(np.flatnonzero((trie.tokens == 9) & (trie.depth == 2))[0])]
 
 

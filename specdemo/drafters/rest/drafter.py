@@ -37,12 +37,11 @@ from specdemo.drafters.rest.datastore import (
     build_command,
     default_dir,
 )
+from specdemo.drafters.rest.trie import PAD, Scoring, Trie, build_trie, select_subtree
 from specdemo.engine import DecodeState, Drafter
 from specdemo.target import EMBEDDED, Target
 from specdemo.tree import DraftTree
 
-PAD = -1
-_HASH = np.random.default_rng(12345).integers(1, 2**62, 64, dtype=np.int64)  # row hashing (wraps around: fine)
 DATASTORE = DraftSource("datastore", "datastore", "#bbf7d0", "#14532d")
 SOURCES = (PROMPT, DATASTORE)  # PROMPT: nodes whose weight comes mostly from the request itself
 
@@ -90,129 +89,6 @@ def context_matches(tokens, max_len: int = 16, min_len: int = 2, length: int = 1
     pos = cand[:, None] + 1 + np.arange(length)
     rows = np.where(pos < n, seq[np.minimum(pos, n - 1)], PAD)
     return m, rows
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Trie and best-first subtree
-# ---------------------------------------------------------------------------------------------------------------------
-@dataclass
-class Trie:
-    """All prefixes of a set of weighted continuations (arrays, one entry per node)."""
-
-    tokens: np.ndarray
-    parents: np.ndarray  # index into these arrays, -1 = child of the root
-    depth: np.ndarray  # 1 = child of the root
-    order: np.ndarray  # rank of the node's path in lexicographic order (deterministic tie-break)
-    weight: np.ndarray
-    context_weight: np.ndarray
-    total: float
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-
-def build_trie(rows: np.ndarray, weights: np.ndarray, context_rows: np.ndarray | None = None) -> Trie:
-    """The weighted prefix trie of `rows` ((R, L), padded with -1 after the end); context_rows marks rows from the
-    request (their weight is also summed separately, for the node's source label)."""
-    R, L = rows.shape if rows.ndim == 2 else (0, 0)
-    empty = np.zeros(0, dtype=np.int64)
-    if R == 0:
-        return Trie(empty, empty, empty, empty, np.zeros(0), np.zeros(0), 0.0)
-    w = np.asarray(weights, dtype=np.float64)
-    wc = w * np.asarray(context_rows, dtype=bool) if context_rows is not None else np.zeros(R)
-    if R > 32:  # many retrieved rows repeat: merge duplicates first (hash, then an exact check) to sort far fewer
-        key = rows @ _HASH[:L]
-        o = np.argsort(key, kind="stable")
-        ks = key[o]
-        first = np.empty(R, dtype=bool)
-        first[0] = True
-        np.not_equal(ks[1:], ks[:-1], out=first[1:])
-        inv = np.empty(R, dtype=np.int64)
-        inv[o] = np.cumsum(first) - 1
-        uniq = rows[o[first]]
-        if (uniq[inv] == rows).all():
-            rows, R = uniq, len(uniq)
-            w, wc = np.bincount(inv, w, R), np.bincount(inv, wc, R)
-    order = np.lexsort(rows.T[::-1])
-    rows, w, wc = rows[order], w[order], wc[order]
-    lcp = np.zeros(R, dtype=np.int64)
-    if R > 1:
-        lcp[1:] = np.cumprod(rows[1:] == rows[:-1], axis=1).sum(1)
-    cw = np.concatenate([[0.0], np.cumsum(w)])
-    cwc = np.concatenate([[0.0], np.cumsum(wc)])
-    toks, pars, deps, ords, wts, cwts = [], [], [], [], [], []
-    prev_starts, prev_ids = None, None
-    n_nodes = 0
-    for d in range(1, L + 1):
-        starts = np.flatnonzero(lcp < d)
-        ends = np.append(starts[1:], R)
-        tok = rows[starts, d - 1]
-        ok = tok != PAD
-        if not ok.any():
-            break
-        ids = np.full(len(starts), -1, dtype=np.int64)
-        ids[ok] = n_nodes + np.arange(int(ok.sum()))
-        s_ok = starts[ok]
-        if prev_starts is None:
-            par = np.full(len(s_ok), -1, dtype=np.int64)
-        else:
-            par = prev_ids[np.searchsorted(prev_starts, s_ok, "right") - 1]
-        toks.append(tok[ok])
-        pars.append(par)
-        deps.append(np.full(len(s_ok), d))
-        ords.append(s_ok)
-        wts.append(cw[ends[ok]] - cw[s_ok])
-        cwts.append(cwc[ends[ok]] - cwc[s_ok])
-        n_nodes += len(s_ok)
-        prev_starts, prev_ids = starts, ids
-    return Trie(np.concatenate(toks), np.concatenate(pars), np.concatenate(deps), np.concatenate(ords),
-                np.concatenate(wts), np.concatenate(cwts), float(cw[-1]))
-
-
-def acceptance_scores(trie: Trie, confidence: float = 0.95, prior: float = 1.6,
-                      context_prior: float = 5.0) -> np.ndarray:
-    """Estimated probability that each node ends up on the accepted path: the product, from the root down, of
-    confidence * weight(node) / (weight(parent) + prior), the root's weight being the total.  The prior shrinks
-    prefixes seen in few continuations (a single retrieved continuation is right ~45% of the time per token on the
-    embedded model, not 100%); request-dominated nodes use `context_prior` (their rows weigh `context_weight`).
-    Fitted by maximum likelihood on HumanEval + chat replays (`specdemo acceptance`); never above the parent's score."""
-    n = len(trie)
-    score = np.zeros(n)
-    if not n:
-        return score
-    ctx = trie.context_weight * 2 > trie.weight
-    k = np.where(ctx, context_prior, prior)
-    parent_w = np.where(trie.parents >= 0, trie.weight[np.maximum(trie.parents, 0)], trie.total)
-    edge = np.minimum(confidence * trie.weight / (parent_w + k), 1.0)
-    for d in range(1, int(trie.depth.max()) + 1):  # nodes are stored level by level, parents first
-        idx = np.flatnonzero(trie.depth == d)
-        par = trie.parents[idx]
-        score[idx] = edge[idx] * (np.where(par >= 0, score[np.maximum(par, 0)], 1.0))
-    return score
-
-
-def select_subtree(trie: Trie, budget: int, min_share: float = 0.0, score: np.ndarray | None = None) -> list[int]:
-    """Best-first: node indices by score (default: weight share, as REST's prefix counts; ties: shallower, then
-    lexicographic), each only after its parent, at most `budget`, none scoring below `min_share`.  Every prefix of
-    the result is a subtree."""
-    if budget <= 0 or not len(trie):
-        return []
-    score = trie.weight / trie.total if score is None else score
-    keep = np.flatnonzero(score >= min_share - 1e-12) if min_share > 0 else np.arange(len(trie))
-    if not len(keep):
-        return []
-    rank = keep[np.lexsort((trie.order[keep], trie.depth[keep], -score[keep]))]
-    chosen: list[int] = []
-    taken = set()
-    parents = trie.parents
-    for i in rank.tolist():
-        p = int(parents[i])
-        if p < 0 or p in taken:
-            chosen.append(i)
-            taken.add(i)
-            if len(chosen) >= budget:
-                break
-    return chosen
 
 
 def to_draft_tree(trie: Trie, chosen: list[int], score: np.ndarray | None = None) -> DraftTree:
@@ -281,12 +157,12 @@ class RestDrafter(Drafter):
                 is_ctx.append(np.ones(len(rows), dtype=bool))
         if not parts:
             return DraftTree.empty()
-        trie = build_trie(np.concatenate(parts), np.concatenate(weights), np.concatenate(is_ctx))
-        score = (acceptance_scores(trie, self.confidence, self.prior, self.context_prior)
-                 if self.scoring == "acceptance" else trie.weight / trie.total)
         budget = self.budget
         if self.spec_factor > 0:
             budget = min(budget, math.ceil(self.spec_factor * max(m_store, m_ctx)))
+        scoring = Scoring(self.scoring, self.confidence, self.prior, self.context_prior)
+        trie = build_trie(np.concatenate(parts), np.concatenate(weights), np.concatenate(is_ctx), budget, scoring)
+        score = scoring(trie)
         chosen = select_subtree(trie, budget, self.min_share, score)
         tree = to_draft_tree(trie, chosen, score)
         if self.calibrator is not None:

@@ -14,7 +14,7 @@ import torch
 
 from specdemo.cpu_attention import grouped_kv_sdpa
 from specdemo.step_decoder import FusedLayer, RMSNorm, RotaryTable, layer_supported
-from specdemo.cpu_linear import frozen_linear
+from specdemo.cpu_linear import PackedLinear, frozen_linear, usable_weights
 from specdemo.drafters.s4c.heads import S4CHeads
 from specdemo.kvcache import KVCache
 
@@ -30,8 +30,7 @@ class DraftStep:
     def __init__(self, heads: S4CHeads, max_positions: int = 4096):
         self.heads = heads
         eps = heads.layers[0].self_attn.config.rms_norm_eps
-        self.fc = [frozen_linear(fc.weight, weights=heads.draft_weights, bias=fc.bias)
-                   for fc in heads.fc]
+        self.fc = [_packed(fc, heads.draft_weights) for fc in heads.fc]
         self.layers = [FusedLayer(layer, eps) for layer in heads.layers]
         self.norms = [RMSNorm(norm.weight, eps) for norm in heads.norms]
         self.rotary = RotaryTable.for_model(heads.rotary, heads.fc[0].weight, max_positions)
@@ -46,6 +45,14 @@ class DraftStep:
         layer = self.layers[h]
         x = layer(x, self.rotary(positions[0]), cache, 0, grouped_kv_sdpa, mask)
         return self.norms[h](x)
+
+
+def _packed(fc: torch.nn.Module, weights: str) -> torch.nn.Module:
+    """The head's input product on the packed path: `cached_heads` has packed it already where the target's linears
+    are packed; where they are not (the memory cap), the heads' few MB are packed here all the same."""
+    if isinstance(fc, PackedLinear) and fc.weights == usable_weights(weights):
+        return fc
+    return frozen_linear(fc.weight, weights=weights, bias=fc.bias)
 
 
 def draft_step(target, heads: S4CHeads) -> DraftStep | None:
