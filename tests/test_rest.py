@@ -90,18 +90,14 @@ def test_trie_weights_are_prefix_counts(items):
     assert trie.total == pytest.approx(w.sum())
 
 
-def scores(trie, scoring):
-    return T.acceptance_scores(trie) if scoring == "acceptance" else trie.weight / trie.total
-
-
 @settings(max_examples=100, deadline=None)
 @given(rows_strategy, st.integers(0, 12), st.sampled_from([0.0, 0.05, 0.3]), st.sampled_from(["count", "acceptance"]),
        st.randoms())
 def test_best_first_subtree_invariants(items, budget, min_share, scoring, rnd):
     rows, w, ctx = as_arrays(items)
-    trie = T.build_trie(rows, w, ctx)
-    score = scores(trie, scoring)
-    chosen = T.select_subtree(trie, budget, min_share, score)
+    trie = T.build_trie(rows, w, ctx, scoring=T.Scoring(scoring))
+    score = trie.score
+    chosen = T.select_subtree(trie, budget, min_share)
     assert len(chosen) <= budget and len(set(chosen)) == len(chosen)
     seen = set()
     for i in chosen:  # every prefix is a subtree: the parent comes first
@@ -117,9 +113,9 @@ def test_best_first_subtree_invariants(items, budget, min_share, scoring, rnd):
     # deterministic: the same draft whatever the order of the retrieved rows
     perm = list(range(len(items)))
     rnd.shuffle(perm)
-    trie2 = T.build_trie(rows[perm], w[perm], ctx[perm])
+    trie2 = T.build_trie(rows[perm], w[perm], ctx[perm], scoring=T.Scoring(scoring))
     t1 = R.to_draft_tree(trie, chosen)
-    t2 = R.to_draft_tree(trie2, T.select_subtree(trie2, budget, min_share, scores(trie2, scoring)))
+    t2 = R.to_draft_tree(trie2, T.select_subtree(trie2, budget, min_share))
     assert (t1.tokens, t1.parents, t1.sources) == (t2.tokens, t2.parents, t2.sources)
     # a valid engine tree whose root-to-node paths are retrieved prefixes
     TreeBuffers.build(t1, 10)
@@ -133,12 +129,10 @@ def test_best_first_subtree_invariants(items, budget, min_share, scoring, rnd):
 def test_pruned_trie_gives_the_same_draft(items, budget, kind):
     """build_trie(keep=budget) leaves out only nodes that cannot be among the budget best: the draft is unchanged."""
     rows, w, ctx = as_arrays(items)
-    scoring = T.Scoring(kind)
     drafts = []
     for keep in (0, budget):
-        trie = T.build_trie(rows, w, ctx, keep, scoring)
-        score = scoring(trie)
-        t = R.to_draft_tree(trie, T.select_subtree(trie, budget, 0.0, score), score)
+        trie = T.build_trie(rows, w, ctx, keep, T.Scoring(kind))
+        t = R.to_draft_tree(trie, T.select_subtree(trie, budget))
         drafts.append((t.tokens, t.parents, t.sources, t.scores))
     assert drafts[0] == drafts[1]
 
@@ -151,22 +145,30 @@ def test_lexicographic_order_is_lexsort():
         assert (T.lexicographic_order(rows) == np.lexsort(rows.T[::-1])).all()
 
 
-@settings(max_examples=60, deadline=None)
-@given(rows_strategy)
-def test_acceptance_scores_are_probabilities_decreasing_down_the_tree(items):
+@settings(max_examples=100, deadline=None)
+@given(rows_strategy, st.sampled_from(["count", "acceptance"]))
+def test_scores_follow_their_definition_node_by_node(items, kind):
+    """Each node's score against its definition from the node's path (the trie computes all of them at once)."""
     rows, w, ctx = as_arrays(items)
-    trie = T.build_trie(rows, w, ctx)
-    score = T.acceptance_scores(trie)
-    assert ((score > 0) & (score <= 1)).all()
-    for i in range(len(trie)):
-        p = int(trie.parents[i])
-        assert p < 0 or score[i] <= score[p] + 1e-12
+    scoring = T.Scoring(kind)
+    trie = T.build_trie(rows, w, ctx, scoring=scoring)
+    weight = {p: trie.weight[i] for i, p in enumerate(node_paths(trie))}
+    context = {p: trie.context_weight[i] for i, p in enumerate(node_paths(trie))}
+    for i, path in enumerate(node_paths(trie)):
+        want = 1.0
+        for d in range(1, len(path) + 1):
+            wt, parent = weight[path[:d]], weight[path[:d - 1]] if d > 1 else trie.total
+            prior = scoring.context_prior if context[path[:d]] * 2 > wt else scoring.prior
+            want *= min(scoring.confidence * wt / (parent + prior), 1.0)
+        assert trie.score[i] == pytest.approx(trie.weight[i] / trie.total if kind == "count" else want)
+        assert 0 < trie.score[i] <= 1
+        assert trie.parents[i] < 0 or trie.score[i] <= trie.score[trie.parents[i]]
 
 
 def test_acceptance_scores_shrink_single_continuations():
     one = T.build_trie(np.array([[1, 2, 3]]), np.array([1.0]))
     many = T.build_trie(np.array([[1, 2, 3]] * 50), np.ones(50))
-    s1, s50 = T.acceptance_scores(one), T.acceptance_scores(many)
+    s1, s50 = one.score, many.score
     assert s1[0] == pytest.approx(0.95 / 2.6) and s1[2] == pytest.approx((0.95 / 2.6) ** 3)
     assert s50[2] > 0.75 > 0.4 > s1[0]
 

@@ -8,9 +8,9 @@ Every step:
    REST alone cannot copy a variable name it has only seen in the prompt; this can.  (The options call the request
    "context": use_context, context_weight, ...; nodes it mostly supports carry the source "prompt", as every
    drafter's copies from the request do.)
-3. One weighted trie over both sets of continuations: a node's weight is the (weighted) number of continuations
-   that start with its prefix (store rows weigh 1, request rows `context_weight`).
-4. Each node gets an estimated acceptance probability (`acceptance_scores`): the product down its path of
+3. One weighted trie over both sets of continuations (trie.py beside this file): a node's weight is the (weighted)
+   number of continuations that start with its prefix (store rows weigh 1, request rows `context_weight`).
+4. Each node gets an estimated acceptance probability (`trie.Scoring`): the product down its path of
    0.95 * weight(node) / (weight(parent) + prior), which shrinks prefixes seen only a few times (REST's raw count
    share trusts a lone continuation completely; on the embedded model it is right ~45% per token).  The draft is the
    best-first subtree by that score under the node budget (a node only after its parent; ties: shallower, then token
@@ -91,8 +91,8 @@ def context_matches(tokens, max_len: int = 16, min_len: int = 2, length: int = 1
     return m, rows
 
 
-def to_draft_tree(trie: Trie, chosen: list[int], score: np.ndarray | None = None) -> DraftTree:
-    """The chosen nodes as a DraftTree in BFS order (depth, then lexicographic), with per-node sources (and scores)."""
+def to_draft_tree(trie: Trie, chosen: list[int]) -> DraftTree:
+    """The chosen nodes as a DraftTree in BFS order (depth, then lexicographic), with per-node sources and scores."""
     if not chosen:
         return DraftTree.empty()
     idx = sorted(chosen, key=lambda i: (int(trie.depth[i]), int(trie.order[i])))
@@ -101,7 +101,7 @@ def to_draft_tree(trie: Trie, chosen: list[int], score: np.ndarray | None = None
         tokens=[int(trie.tokens[i]) for i in idx],
         parents=[pos[int(trie.parents[i])] if trie.parents[i] >= 0 else -1 for i in idx],
         sources=[PROMPT.name if trie.context_weight[i] * 2 > trie.weight[i] else DATASTORE.name for i in idx],
-        scores=[float(score[i]) for i in idx] if score is not None else None,
+        scores=[float(trie.score[i]) for i in idx],
     )
 
 
@@ -120,8 +120,8 @@ class RestDrafter(Drafter):
     context_weight: float = 20.0  # weight of one request continuation relative to one datastore continuation
     context_max_matches: int = 64
     min_share: float = 0.0
-    scoring: str = "acceptance"  # "acceptance" (acceptance_scores) or "count" (REST's raw prefix counts)
-    confidence: float = 0.95  # see acceptance_scores
+    scoring: str = "acceptance"  # "acceptance" or "count" (REST's raw prefix counts): trie.Scoring
+    confidence: float = 0.95  # see trie.Scoring
     prior: float = 1.6
     context_prior: float = 5.0
     # SuffixDecoding's sizing: at most ceil(spec_factor x the longest match's length) nodes (0: off), since a long
@@ -162,9 +162,7 @@ class RestDrafter(Drafter):
             budget = min(budget, math.ceil(self.spec_factor * max(m_store, m_ctx)))
         scoring = Scoring(self.scoring, self.confidence, self.prior, self.context_prior)
         trie = build_trie(np.concatenate(parts), np.concatenate(weights), np.concatenate(is_ctx), budget, scoring)
-        score = scoring(trie)
-        chosen = select_subtree(trie, budget, self.min_share, score)
-        tree = to_draft_tree(trie, chosen, score)
+        tree = to_draft_tree(trie, select_subtree(trie, budget, self.min_share))
         if self.calibrator is not None:
             tree = self.calibrator.apply(tree)
         return cut_to_cost(tree, self.rel_cost)
