@@ -271,10 +271,12 @@ def _prefill(target: Target, prompt_ids: list[int], drafter: Drafter, cfg: Gener
 
 def _propose(target: Target, drafter: Drafter, state: DecodeState, cfg: GenerationConfig) -> tuple[DraftTree, float]:
     """The drafter's tree for this step and the seconds it took.  A tree is never deeper than the length budget can
-    use (depth <= remaining - 1: the target adds one token of its own) nor larger than `cfg.max_tree_nodes`."""
+    use (depth <= remaining - 1: the target adds one token of its own) nor larger than `cfg.max_tree_nodes` or than
+    the target's linears verify row for row (`Target.tree_rows`)."""
     t0 = time.perf_counter()
     tree = drafter.propose(state) if state.remaining > 1 else DraftTree.empty()
-    tree = tree.prune(max_depth=state.remaining - 1, max_nodes=cfg.max_tree_nodes)
+    max_nodes = cfg.max_tree_nodes if target.tree_rows is None else min(cfg.max_tree_nodes, target.tree_rows - 1)
+    tree = tree.prune(max_depth=state.remaining - 1, max_nodes=max_nodes)
     target.sync()
     return tree, time.perf_counter() - t0
 

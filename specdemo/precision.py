@@ -14,7 +14,7 @@ m + 8d, so the file's own 4-bit weights feed the kernel without re-quantising.  
 The int4 kernel is fast only on bf16 activations (fp32 ones take a scalar path ~20x slower), so an int4 linear
 rounds its input to bf16 and its scales to bf16: a weight differs from the GGUF's de-quantised value by at most
 8·|d − bf16(d)| + |z − bf16(z)| ≤ 2⁻⁸·(8|d| + |z|) (bf16 keeps 8 significant bits).  Every linear here gives a row
-the same result alone or among others (`rows_invariant`).  That alone does not keep drafted output that of plain
+the same result alone or among others, up to a row count measured at load (`invariant_rows`).  That alone does not keep drafted output that of plain
 decoding: the CPU attention kernel sums a one-token step's keys in another order than a multi-row masked call does,
 and where fp32 keeps those last-bit differences below any near-tie, the bf16 rounding of each linear's input turns
 them into 2⁻⁸ steps that flip near-ties (measured: identical on 40-80% of prompts).  So at bf16 and int4 the model's
@@ -273,14 +273,17 @@ def _fp16_int4_head(head: PackedLinear) -> bool:
 
 
 @torch.no_grad()
-def rows_invariant(model: torch.nn.Module, rows: int = 65, trials: int = 3, also: tuple = ()) -> bool:
-    """Whether every distinct kind of linear layer gives each row the same result alone as among 2, 3, 5, 16 or
-    `rows` rows (default: the root and the engine's largest tree, `GenerationConfig.max_tree_nodes`), bitwise, on
-    `trials` random inputs: what keeps a tree verification's logits those of one-token steps.  A kernel may differ on
-    only some rows and inputs (oneDNN's bf16 single-row path did on ~10% of rows) or from some row count on (a kernel
-    may block rows differently past a size), so every row of several inputs is compared.  `also`: more layers to check
-    (the CPU step's fused products).  ~0.25 s for the embedded model on the 2-core CPU."""
+def invariant_rows(model: torch.nn.Module, largest: int = 65, trials: int = 3, also: tuple = ()) -> int:
+    """The most rows n (up to `largest`) for which every distinct kind of linear layer gives each row the same result
+    alone as among any 2..n rows, bitwise, on `trials` random inputs: what keeps a tree verification's logits those of
+    one-token steps, for trees of up to n - 1 nodes.  `largest` defaults to the root and the engine's largest tree
+    (`GenerationConfig.max_tree_nodes`).  A kernel may differ on only some rows and inputs (oneDNN's bf16 single-row
+    path did on ~10% of rows) or from some row count on (oneDNN's bf16 products from 33 rows on, on an Intel Xeon with
+    AMX: its tile kernel sums in another order), so every row of every count up to 33 is compared, then 48, 64 and
+    `largest`.  1: even two rows differ.  `also`: more layers to check (the CPU step's fused products)."""
     g = torch.Generator().manual_seed(0)
+    counts = sorted({*range(2, min(largest, 33) + 1), *(n for n in (48, 64, largest) if n <= largest)})
+    most = largest
     seen = set()
     for m in (*model.modules(), *also):
         if not isinstance(m, (torch.nn.Linear, Int4Linear)):
@@ -290,8 +293,16 @@ def rows_invariant(model: torch.nn.Module, rows: int = 65, trials: int = 3, also
             continue
         seen.add(key)
         for _ in range(trials):
-            x = torch.randn(rows, m.in_features, generator=g)
-            alone = torch.cat([m(x[i : i + 1]) for i in range(rows)])
-            if any(not torch.equal(m(x[:n]), alone[:n]) for n in sorted({2, 3, 5, 16, rows})):
-                return False
-    return True
+            x = torch.randn(most, m.in_features, generator=g)
+            alone = torch.cat([m(x[i : i + 1]) for i in range(most)])
+            bad = next((n for n in counts if n <= most and not torch.equal(m(x[:n]), alone[:n])), None)
+            if bad is not None:
+                most = max(n for n in (1, *counts) if n < bad)
+                if most == 1:
+                    return 1
+    return most
+
+
+def rows_invariant(module: torch.nn.Module, rows: int = 65, trials: int = 3, also: tuple = ()) -> bool:
+    """Whether `invariant_rows` reaches `rows`."""
+    return invariant_rows(module, rows, trials, also) >= rows

@@ -51,6 +51,9 @@ class Target:
     identity: str  # tokenizer/model identity, used to refuse artifacts built for another model
     tree_ok: bool | None = None  # set by check_tree_support
     static_ok: bool | None = None  # set by check_tree_support(static=True): the padded static-shape forward is exact
+    # The most rows (root included) a verification may have and each row still get its one-token result: measured by
+    # check_tree_support outside fp32 (a kernel may sum in another order past a row count), None: no limit of its own
+    tree_rows: int | None = None
     packed_linears: int = 0  # linear layers on the oneDNN packed-weight CPU path (cpu_linear.py); 0 = plain F.linear
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False)  # serialises model work
     # What drafters load or measure for this model (heads, adapters, REST datastores, cost curves), kept here so

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from specdemo.kvcache import KVCache
-from specdemo.precision import rows_invariant
+from specdemo.precision import invariant_rows
 from specdemo.static_step import StaticSteps, static_trial
 from specdemo.target import Target, UnsupportedForTree, decoder_features
 from specdemo.tree import DraftTree, TreeBuffers
@@ -86,10 +86,13 @@ def check_tree_support(target: Target, static: bool = False) -> None:
                                  f"custom 4D attention mask with explicit position ids ({type(exc).__name__}: "
                                  f"{str(exc)[:200]}). Use plain AR decoding.") from exc
     tol = 1e-3 if target.dtype == torch.float32 and target.precision == "fp32" else 3e-2  # bf16 linear inputs: 2^-8
-    fused = tuple(p for p, _ in getattr(target.step_decoder, "products", ()))
-    if target.precision != "fp32" and not rows_invariant(target.model, also=fused):
-        raise UnsupportedForTree(f"Model '{target.name}' at {target.precision}: a linear layer's row differs alone and "
-                                 "among rows, so a tree would change the output. Use precision fp32.")
+    if target.precision != "fp32":
+        fused = tuple(p for p, _ in getattr(target.step_decoder, "products", ()))
+        rows = invariant_rows(target.model, also=fused)
+        if rows < 2:
+            raise UnsupportedForTree(f"Model '{target.name}' at {target.precision}: a linear layer's row differs alone "
+                                     "and among rows, so a tree would change the output. Use precision fp32.")
+        target.tree_rows = rows
     for what, err in errs.items():
         if err > tol:
             raise UnsupportedForTree(f"Model '{target.name}' is unsupported for tree verification: with {what} its "

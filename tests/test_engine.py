@@ -144,6 +144,21 @@ def test_check_tree_support_passes_and_catches_a_model_that_ignores_the_mask(tin
         tiny_llama.tree_ok = None
 
 
+def test_trees_stay_within_the_rows_the_target_verifies_row_for_row(tiny_llama):
+    """Where the linears give a row other bits past some row count (Target.tree_rows, measured outside fp32), the
+    engine sends no larger tree, and the output stays AR's."""
+    torch.manual_seed(4)
+    prompt = torch.randint(100, 5000, (10,)).tolist()
+    cfg = GenerationConfig(max_new_tokens=24)
+    ref, _ = run_to_end(tiny_llama, prompt, None, cfg)
+    tiny_llama.tree_rows = 3
+    try:
+        out, events = run_to_end(tiny_llama, prompt, OracleDrafter(ref, tiny_llama.vocab_size, 3), cfg)
+    finally:
+        tiny_llama.tree_rows = None
+    assert out == ref and max(len(ev.tree) for ev in events) == 2
+
+
 # ---------------------------------------------------------------- greedy losslessness
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_greedy_lossless_tiny_models_oracle_trees(tiny, seed):

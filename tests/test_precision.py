@@ -18,6 +18,7 @@ from specdemo.precision import (
     decode_q4_1,
     int4_available,
     model_spec,
+    invariant_rows,
     prefill_weights,
     rows_invariant,
     split_spec,
@@ -115,14 +116,33 @@ def test_quantised_layer_is_close_to_the_dense_one():
 
 
 def test_the_row_check_covers_the_engines_largest_tree():
-    """rows_invariant's default row count is the root plus `GenerationConfig.max_tree_nodes` (precision.py cannot
+    """invariant_rows's default row count is the root plus `GenerationConfig.max_tree_nodes` (precision.py cannot
     import the engine, which imports it): a larger cap would verify rows the load-time check never compared."""
     import inspect
 
     from specdemo.engine import GenerationConfig
 
-    rows = inspect.signature(rows_invariant).parameters["rows"].default
-    assert rows == GenerationConfig().max_tree_nodes + 1
+    for fn, arg in ((invariant_rows, "largest"), (rows_invariant, "rows")):
+        assert inspect.signature(fn).parameters[arg].default == GenerationConfig().max_tree_nodes + 1
+
+
+class RowByRow(torch.nn.Linear):
+    """Each row computed alone, so every row count gives the same bits; with `switch_at`, rows among that many or
+    more get another rounding, as a kernel that blocks rows differently past a size does."""
+
+    switch_at = 0
+
+    def forward(self, x):
+        y = torch.cat([torch.nn.functional.linear(r[None], self.weight, self.bias) for r in x])
+        return y + 1e-3 if self.switch_at and len(x) >= self.switch_at else y
+
+
+def test_invariant_rows_finds_the_row_count_where_a_kernel_changes():
+    lin = RowByRow(8, 4)
+    assert invariant_rows(lin) == 65 and rows_invariant(lin)
+    for switch_at, most in ((5, 4), (33, 32), (40, 33), (2, 1)):
+        lin.switch_at = switch_at
+        assert invariant_rows(lin) == most and not rows_invariant(lin)
 
 
 @pytest.mark.parametrize("precision", ["bf16", "int4"])
@@ -130,7 +150,10 @@ def test_every_linear_is_row_invariant(tiny_llama, precision):
     if precision == "int4" and not int4_available():
         pytest.skip("no int4 CPU kernel")
     target = load_target(str(tiny_llama.model.name_or_path), device="cpu", precision=precision)
-    assert rows_invariant(target.model)
+    rows = invariant_rows(target.model)
+    assert rows >= 25  # a CPU tree of 24 nodes (REST's cap) verifies row for row; oneDNN's bf16 on AMX: 32 rows
+    check_tree_support(target)
+    assert target.tree_rows == rows
     assert target.precision == precision and target.exact
     assert ("different model" in target.weights_note) == (precision == "int4")
     assert precision in target.describe()
