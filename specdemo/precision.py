@@ -14,12 +14,12 @@ m + 8d, so the file's own 4-bit weights feed the kernel without re-quantising.  
 The int4 kernel is fast only on bf16 activations (fp32 ones take a scalar path ~20x slower), so an int4 linear
 rounds its input to bf16 and its scales to bf16: a weight differs from the GGUF's de-quantised value by at most
 8·|d − bf16(d)| + |z − bf16(z)| ≤ 2⁻⁸·(8|d| + |z|) (bf16 keeps 8 significant bits).  Every linear here gives a row
-the same result alone or among others, up to a row count measured at load (`invariant_rows`).  That alone does not keep drafted output that of plain
-decoding: the CPU attention kernel sums a one-token step's keys in another order than a multi-row masked call does,
-and where fp32 keeps those last-bit differences below any near-tie, the bf16 rounding of each linear's input turns
-them into 2⁻⁸ steps that flip near-ties (measured: identical on 40-80% of prompts).  So at bf16 and int4 the model's
-attention is `cpu_attention.row_exact_sdpa`, in which each verification row makes the very call a one-token step makes;
-with it every mode is token-identical to AR at the same precision.
+the same result alone or among others, up to a row count measured at load (`invariant_rows`).  That alone does not
+keep drafted output that of plain decoding: the CPU attention kernel sums a one-token step's keys in another order
+than a multi-row masked call does, and where fp32 keeps those last-bit differences below any near-tie, the bf16
+rounding of each linear's input turns them into 2⁻⁸ steps that flip near-ties (measured: identical on 40-80% of
+prompts).  So at bf16 and int4 the model's attention is `cpu_attention.row_exact_sdpa`, in which each verification row
+makes the very call a one-token step makes; with it every mode is token-identical to AR at the same precision.
 """
 from __future__ import annotations
 
