@@ -198,6 +198,21 @@ def test_greedy_and_keyed_by_position_only():
     assert [a[2], a[4], a[0]] == b
 
 
+def test_greedy_choice_and_gaps_on_tied_logits():
+    """Greedy takes the first of equal best logits, as argmax does, and the top-2 gap is topk's: 0 on a tie
+    (logits rounded to a few values, as bf16 logits are, tie often)."""
+    gen = torch.Generator().manual_seed(14)
+    for vocab in (16, 3000, 49152):
+        for logits in (torch.randint(-3, 4, (6, vocab), generator=gen).float(), make_logits("llm", 6, vocab, gen)):
+            assert choose_tokens(logits, list(range(6)), SamplingConfig()) == logits.argmax(-1).tolist()
+            rows = [0, 3, 5, 3]
+            best = logits[rows].topk(2, dim=-1).values
+            assert sampling.top2_gaps(logits, rows) == (best[:, 0] - best[:, 1]).tolist()
+            kept = logits.clone()
+            sampling.top2_gaps(logits, rows)
+            assert torch.equal(logits, kept)  # the caller's logits are left as they were
+
+
 def test_gathered_noise_is_bit_identical():
     """The Gumbel noise at a gathered subset of token ids equals the whole vector's at those ids, for any subset size
     (the log kernel gives the same bits on a short or ragged vector as on a whole one)."""
