@@ -269,7 +269,9 @@ def _fp16_int4_head(head: PackedLinear) -> bool:
     if not fp16_available():
         return False
     head.weights = "fp16"
-    return rows_invariant(head, trials=1)  # packs it; where it returns False, the caller packs it in bf16
+    rows = invariant_rows(head)  # packs it; where it falls short, the caller packs it in bf16
+    head.verified_rows = (rows, head.weights)  # the load-time tree check (`verify.check_tree_support`) reuses it
+    return rows >= 65
 
 
 @torch.no_grad()
@@ -292,6 +294,12 @@ def invariant_rows(model: torch.nn.Module, largest: int = 65, trials: int = 3, a
         if key in seen:
             continue
         seen.add(key)
+        known = getattr(m, "verified_rows", None)  # (rows, weights) this very layer was checked with, all rows
+        if known is not None and known[1] == key[-1]:  # of every count compared (the int4 LM head: _fp16_int4_head)
+            most = min(most, known[0])
+            if most == 1:
+                return 1
+            continue
         for _ in range(trials):
             x = torch.randn(most, m.in_features, generator=g)
             alone = torch.cat([m(x[i : i + 1]) for i in range(most)])

@@ -145,6 +145,17 @@ def test_invariant_rows_finds_the_row_count_where_a_kernel_changes():
         assert invariant_rows(lin) == most and not rows_invariant(lin)
 
 
+def test_invariant_rows_reuses_a_layers_own_earlier_check():
+    """A layer checked already with its current weights (the int4 LM head, at load) counts with that result and is
+    not run again; a check made with other weights does not count."""
+    lin = RowByRow(8, 4)
+    lin.switch_at = 5
+    lin.verified_rows = (9, None)  # its weights attribute: None (a plain layer)
+    assert invariant_rows(lin) == 9  # the record, not the kernel's own 4
+    lin.verified_rows = (9, "fp16")
+    assert invariant_rows(lin) == 4
+
+
 @pytest.mark.parametrize("precision", ["bf16", "int4"])
 def test_every_linear_is_row_invariant(tiny_llama, precision):
     if precision == "int4" and not int4_available():
@@ -166,7 +177,7 @@ def test_an_int4_head_whose_rows_differ_alone_stays_bf16(tiny_llama, monkeypatch
     """The int4 model's LM head goes fp16 only where that product gives a row the bits it gets among others."""
     import specdemo.precision as precision
 
-    monkeypatch.setattr(precision, "rows_invariant", lambda module, **_: module.weights != "fp16")
+    monkeypatch.setattr(precision, "invariant_rows", lambda module, **_: 1 if module.weights == "fp16" else 65)
     target = load_target(str(tiny_llama.model.name_or_path), device="cpu", precision="int4")
     assert target.lm_head.weights == "bf16"
 
