@@ -52,34 +52,32 @@ class SlotLayer(DynamicLayer):
         self.index = 0  # this layer's place in it
         self.joint_backed = False
         self._blocks: tuple[int, tuple[torch.Tensor, torch.Tensor] | None] = (0, None)  # length, (K, V) views
-        self._stale = False  # `keys`/`values` are views of another length than `length` (set_length)
 
-    # `keys` and `values` are the committed entries' views, remade on first read after `set_length`: a step ends by
-    # setting every layer's length, and the next forward's `update` makes its own views anyway, so making 60 views
-    # there (~70 µs on the 2-core dev CPU, ~0.6% of an int4 AR step) would be work done twice
+    # `keys` and `values` are the committed entries' views, remade on first read once `length` has moved on
+    # (`KVCache.set_length`): a step ends by setting every layer's length, and the next forward's `update` makes its
+    # own views anyway, so making 60 views there (~70 µs on the 2-core dev CPU, ~0.6% of an int4 AR step) would be
+    # work done twice
     @property
     def keys(self) -> torch.Tensor | None:
-        if self._stale:
-            self._views()
+        self._follow_length()
         return self._keys
 
     @keys.setter
     def keys(self, t: torch.Tensor | None) -> None:
-        self._keys, self._stale = t, False
+        self._keys = t
 
     @property
     def values(self) -> torch.Tensor | None:
-        if self._stale:
-            self._views()
+        self._follow_length()
         return self._values
 
     @values.setter
     def values(self, t: torch.Tensor | None) -> None:
-        self._values, self._stale = t, False
+        self._values = t
 
-    def _views(self) -> None:
-        self._keys, self._values = self._k[:, :, : self.length], self._v[:, :, : self.length]
-        self._stale = False
+    def _follow_length(self) -> None:
+        if self.is_initialized and (self._keys is None or self._keys.shape[-2] != self.length):
+            self._keys, self._values = self._k[:, :, : self.length], self._v[:, :, : self.length]
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
@@ -226,5 +224,4 @@ class KVCache(Cache):
     def set_length(self, length: int) -> None:
         """The first `length` slots hold the committed entries (host bookkeeping: a static forward does not count)."""
         for layer in self.layers:
-            layer.length = length
-            layer._stale = layer.is_initialized  # views made when read (SlotLayer.keys)
+            layer.length = length  # its views follow when read (SlotLayer.keys)

@@ -271,11 +271,14 @@ def _fp16_int4_head(head: PackedLinear) -> bool:
     head.weights = "fp16"
     rows = invariant_rows(head)  # packs it; where it falls short, the caller packs it in bf16
     head.verified_rows = (rows, head.weights)  # the load-time tree check (`verify.check_tree_support`) reuses it
-    return rows >= 65
+    return rows >= TREE_ROWS
+
+
+TREE_ROWS = 65  # the root and the engine's largest tree (`GenerationConfig.max_tree_nodes`; a test ties the two)
 
 
 @torch.no_grad()
-def invariant_rows(model: torch.nn.Module, largest: int = 65, trials: int = 3, also: tuple = ()) -> int:
+def invariant_rows(model: torch.nn.Module, largest: int = TREE_ROWS, trials: int = 3, also: tuple = ()) -> int:
     """The most rows n (up to `largest`) for which every distinct kind of linear layer gives each row the same result
     alone as among any 2..n rows, bitwise, on `trials` random inputs: what keeps a tree verification's logits those of
     one-token steps, for trees of up to n - 1 nodes.  `largest` defaults to the root and the engine's largest tree
@@ -310,7 +313,3 @@ def invariant_rows(model: torch.nn.Module, largest: int = 65, trials: int = 3, a
                     return 1
     return most
 
-
-def rows_invariant(module: torch.nn.Module, rows: int = 65, trials: int = 3, also: tuple = ()) -> bool:
-    """Whether `invariant_rows` reaches `rows`."""
-    return invariant_rows(module, rows, trials, also) >= rows

@@ -13,6 +13,7 @@ from specdemo.precision import (
     DECODER_LINEARS,
     GROUP,
     Int4Linear,
+    TREE_ROWS,
     _q_k_rows,
     check_precision,
     decode_q4_1,
@@ -20,7 +21,6 @@ from specdemo.precision import (
     invariant_rows,
     model_spec,
     prefill_weights,
-    rows_invariant,
     split_spec,
 )
 from specdemo.sampling import SamplingConfig
@@ -122,8 +122,8 @@ def test_the_row_check_covers_the_engines_largest_tree():
 
     from specdemo.engine import GenerationConfig
 
-    for fn, arg in ((invariant_rows, "largest"), (rows_invariant, "rows")):
-        assert inspect.signature(fn).parameters[arg].default == GenerationConfig().max_tree_nodes + 1
+    assert inspect.signature(invariant_rows).parameters["largest"].default == TREE_ROWS
+    assert TREE_ROWS == GenerationConfig().max_tree_nodes + 1
 
 
 class RowByRow(torch.nn.Linear):
@@ -139,10 +139,10 @@ class RowByRow(torch.nn.Linear):
 
 def test_invariant_rows_finds_the_row_count_where_a_kernel_changes():
     lin = RowByRow(8, 4)
-    assert invariant_rows(lin) == 65 and rows_invariant(lin)
+    assert invariant_rows(lin) == TREE_ROWS
     for switch_at, most in ((5, 4), (33, 32), (40, 33), (2, 1)):
         lin.switch_at = switch_at
-        assert invariant_rows(lin) == most and not rows_invariant(lin)
+        assert invariant_rows(lin) == most < TREE_ROWS
 
 
 def test_invariant_rows_reuses_a_layers_own_earlier_check():
@@ -231,7 +231,7 @@ def test_the_embedded_int4_weights_are_the_gguf_blocks(embedded):
         checked += 1
     assert checked == 7 * cfg.num_hidden_layers
     int4 = load_target("embedded", device="cpu", precision="int4")
-    assert "GGUF's own Q4_1" in int4.weights_note and rows_invariant(int4.model)
+    assert "GGUF's own Q4_1" in int4.weights_note and invariant_rows(int4.model) == TREE_ROWS
     assert sum(isinstance(m, Int4Linear) for m in int4.model.modules()) == checked
 
 
