@@ -150,11 +150,12 @@ def _block_calls(path: TreePath, past: int, dtype: torch.dtype, device: torch.de
 
 
 @lru_cache(maxsize=16)
-def _tail_mask(valid: int, length: int, dtype: torch.dtype) -> torch.Tensor:
-    """(1, 1, 1, length) additive mask on the CPU: the first `valid` keys seen, the block's rest not."""
+def _tail_mask(valid: int, length: int, dtype: torch.dtype, rows: int = 1) -> torch.Tensor:
+    """(1, 1, rows, length) additive mask on the CPU, every row the same: the first `valid` keys seen, the block's
+    rest not."""
     mask = torch.full((1, 1, 1, length), float("-inf"), dtype=dtype)
     mask[..., :valid] = 0
-    return mask
+    return mask.expand(1, 1, rows, length)
 
 
 def _block_keys(t: torch.Tensor, length: int) -> torch.Tensor:
@@ -189,9 +190,10 @@ def row_exact_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     Every call reads its keys in whole blocks (`kvcache.SLOT_BLOCK`), the keys past a row's own masked.  Where the
     flash kernel computes each (batch, head) pair alone (`batches_are_exact` checks it on this machine), the rows of a
     path whose contexts fill the same blocks go through one call as a batch over the same keys (`expand`, no copy) and
-    still get the bits of their one-token calls, which read the same blocks: a 4-row chain costs ~2/3 of four calls;
-    elsewhere each row makes its own call.  A one-token call pays a few µs more for its mask (docs/precision.md;
-    tests/test_cpu_attention.py checks the bits)."""
+    still get the bits of their one-token calls, which read the same blocks; elsewhere each row makes its own call.
+    From GROUPED_FROM keys on, every such call, a one-token step's included, hands the kernel a row's query heads as
+    rows of the key head they share (`_exact_call`): a key head read once per row, not once per query head
+    (docs/precision.md; tests/test_cpu_attention.py checks the bits)."""
     n, total = query.shape[2], key.shape[2]
     past = total - n
     if getattr(module, "prefilling", False) and past == 0 and attention_mask is None and n > 1:
@@ -203,9 +205,8 @@ def row_exact_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
         keys, values = getattr(key, "blocks", None), getattr(value, "blocks", None)  # the cache's, when it has room
         if keys is None or values is None:
             keys, values = _block_keys(key, whole_blocks(total)), _block_keys(value, whole_blocks(total))
-        out = F.scaled_dot_product_attention(query, keys, values, scale=scaling, enable_gqa=True,
-                                             attn_mask=_tail_mask(total, keys.shape[2], query.dtype))
-        return out.transpose(1, 2), None
+        mask = _tail_mask(total, keys.shape[2], query.dtype, _query_rows(query.shape[1], *keys.shape[1:3]))
+        return _exact_call(query, keys, values, mask, scaling).transpose(1, 2), None
     paths, (dst, src) = _tree_plan(attention_mask, past)
     real = _real_rows(attention_mask)
     rows_first = query[0].transpose(0, 1).unsqueeze(2)  # (rows, heads, 1, dim): each row a batch of its own
@@ -242,17 +243,47 @@ def _block_call(rows_first: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     keys, values = _block_keys(key, call.length), _block_keys(value, call.length)
     queries, rows = rows_first[call.order], len(call.rows)
     if rows == 1 or batches_are_exact(torch.get_num_threads(), *queries.shape[1:], keys.shape[1]):
+        return _exact_call(queries, keys, values, call.mask, scaling)
+    return torch.cat([_exact_call(queries[i : i + 1], keys, values, call.mask[i : i + 1], scaling)
+                      for i in range(rows)])
+
+
+def _exact_call(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                scaling: float | None) -> torch.Tensor:
+    """One-token queries (rows, heads, 1, dim) with their masks (rows, 1, 1 or `_query_rows`, keys) over the same keys
+    (1, kv heads, keys, dim): one kernel call in the form `_query_rows` picks for this many keys; (rows, heads, 1,
+    dim).  A row's bits depend on the form and on how many queries the kernel sees per (batch, head), never on the
+    other rows, and a tree row reads as many keys as its one-token call: so both make this call alike."""
+    rows, heads, _, dim = queries.shape
+    kv_heads, length = keys.shape[1], keys.shape[2]
+    per_head = _query_rows(heads, kv_heads, length)
+    if rows > 1:
         keys, values = keys.expand(rows, -1, -1, -1), values.expand(rows, -1, -1, -1)
-        return F.scaled_dot_product_attention(queries, keys, values, attn_mask=call.mask, scale=scaling,
-                                              enable_gqa=True)
-    return torch.cat([F.scaled_dot_product_attention(queries[i : i + 1], keys, values, attn_mask=call.mask[i : i + 1],
-                                                     scale=scaling, enable_gqa=True) for i in range(rows)])
+    if mask.shape[2] != per_head:
+        mask = mask.expand(rows, 1, per_head, length)
+    if per_head == 1:
+        return F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scaling, enable_gqa=True)
+    out = F.scaled_dot_product_attention(queries.reshape(rows, kv_heads, per_head, dim), keys, values,
+                                         attn_mask=mask, scale=scaling)
+    return out.reshape(rows, heads, 1, dim)
+
+
+GROUPED_FROM = 128  # keys from which a row's query heads go in as rows of their shared key heads
+
+
+def _query_rows(heads: int, kv_heads: int, length: int) -> int:
+    """Query rows per (batch, head) of an exact call: from GROUPED_FROM keys, each key head's query heads (views, no
+    copy), so the kernel reads a key head once for all of them instead of once per query head; below, one query per
+    head, where the grouped form's copy of the output costs what it saves.  On the 2-core Xeon (9 query heads, 3 key
+    heads; caches warm, a one-token call with its output copy): 64 keys 11.5 against 11.8 µs, 128 keys 13.2 against
+    18.3, 304 keys 19.9 against 27.1; four rows over 304 keys 40 against 84 (one-off timings)."""
+    return heads // kv_heads if length >= GROUPED_FROM else 1
 
 
 @lru_cache(maxsize=16)
 def batches_are_exact(threads: int, heads: int, queries: int, dim: int, kv_heads: int) -> bool:
-    """Whether torch's CPU flash kernel, at `threads` threads, gives every query of a batch over shared keys the bits
-    of its own one-query call.  The kernel hands the (batch, head) pairs to the threads in order, each thread with its
+    """Whether torch's CPU flash kernel, at `threads` threads, gives every row of a batch over shared keys the bits
+    of its own one-token call (`_exact_call`, in either of its forms).  The kernel hands the (batch, head) pairs to the threads in order, each thread with its
     own scratch buffer, and multiplies through MKL: where MKL's code path depends on a buffer's alignment (the 2-core
     AMD EPYC with AVX-512 bf16, unless MKL_CBWR asks for reproducible results, which `specdemo` sets at import), a
     pair computed by another thread than in its one-token call gets other last bits; elsewhere (the 2-core Intel Xeon
@@ -266,10 +297,9 @@ def batches_are_exact(threads: int, heads: int, queries: int, dim: int, kv_heads
             q = torch.randn(rows, heads, queries, dim, generator=g)
             mask = torch.zeros(rows, 1, 1, length)
             mask[1:, ..., length - 3 :] = float("-inf")
-            batch = F.scaled_dot_product_attention(q, k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1),
-                                                   attn_mask=mask, enable_gqa=True)
-            if any(not torch.equal(batch[i : i + 1], F.scaled_dot_product_attention(
-                    q[i : i + 1], k, v, attn_mask=mask[i : i + 1], enable_gqa=True)) for i in range(rows)):
+            batch = _exact_call(q, k, v, mask, None)
+            if any(not torch.equal(batch[i : i + 1], _exact_call(q[i : i + 1], k, v, mask[i : i + 1], None))
+                   for i in range(rows)):
                 return False
     return True
 

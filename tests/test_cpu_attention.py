@@ -67,10 +67,14 @@ def test_every_tree_row_equals_a_one_token_step_bit_for_bit(seed, batched, monke
 
 
 @torch.no_grad()
-def test_row_exact_attention_is_attention():
-    """The same values as torch's attention, to float rounding (a tree row sees context, ancestors and itself)."""
+@pytest.mark.parametrize("past, per_head", [(100, 1), (300, 3)])
+def test_row_exact_attention_is_attention(past, per_head):
+    """The same values as torch's attention, to float rounding (a tree row sees context, ancestors and itself), in
+    both forms of the exact call: one query per head, and from GROUPED_FROM keys a key head's three query heads as
+    its query rows."""
+    assert cpu_attention._query_rows(9, 3, past) == per_head
     torch.manual_seed(0)
-    past, parents = 100, [-1, 0, 0, 1, 2]
+    parents = [-1, 0, 0, 1, 2]
     q = torch.randn(1, 9, 5, 64)
     keys, values = torch.randn(1, 3, past + 5, 64), torch.randn(1, 3, past + 5, 64)
     mask = _tree_mask(parents, past)
