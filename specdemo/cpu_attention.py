@@ -283,13 +283,13 @@ def _query_rows(heads: int, kv_heads: int, length: int) -> int:
 @lru_cache(maxsize=16)
 def batches_are_exact(threads: int, heads: int, queries: int, dim: int, kv_heads: int) -> bool:
     """Whether torch's CPU flash kernel, at `threads` threads, gives every row of a batch over shared keys the bits
-    of its own one-token call (`_exact_call`, in either of its forms).  The kernel hands the (batch, head) pairs to the threads in order, each thread with its
-    own scratch buffer, and multiplies through MKL: where MKL's code path depends on a buffer's alignment (the 2-core
-    AMD EPYC with AVX-512 bf16, unless MKL_CBWR asks for reproducible results, which `specdemo` sets at import), a
-    pair computed by another thread than in its one-token call gets other last bits; elsewhere (the 2-core Intel Xeon
-    with AMX) it never did.  Checked once per thread count and shape on random queries over several key lengths with
-    masked tails, as a step's calls are, in every batch size a call can have (a call's rows fill the same key blocks,
-    so there are at most SLOT_BLOCK of them)."""
+    of its own one-token call (`_exact_call`, in either of its forms).  The kernel hands the (batch, head) pairs to
+    the threads in order, each thread with its own scratch buffer, and multiplies through MKL: where MKL's code path
+    depends on a buffer's alignment (the 2-core AMD EPYC with AVX-512 bf16, unless MKL_CBWR asks for reproducible
+    results, which `specdemo` sets at import), a pair computed by another thread than in its one-token call gets other
+    last bits; elsewhere (the 2-core Intel Xeon with AMX) it never did.  Checked once per thread count and shape on
+    random queries over several key lengths with masked tails, as a step's calls are, in every batch size a call can
+    have (a call's rows fill the same key blocks, so there are at most SLOT_BLOCK of them)."""
     g = torch.Generator().manual_seed(0)
     for length in (8, 64, 680, 2056):
         k, v = (torch.randn(1, kv_heads, length, dim, generator=g) for _ in range(2))
