@@ -177,7 +177,7 @@ def test_an_int4_head_whose_rows_differ_alone_stays_bf16(tiny_llama, monkeypatch
     """The int4 model's LM head goes fp16 only where that product gives a row the bits it gets among others."""
     import specdemo.precision as precision
 
-    monkeypatch.setattr(precision, "invariant_rows", lambda module, **_: 1 if module.weights == "fp16" else 65)
+    monkeypatch.setattr(precision, "invariant_rows", lambda module, **_: 1 if module.weights == "fp16" else TREE_ROWS)
     target = load_target(str(tiny_llama.model.name_or_path), device="cpu", precision="int4")
     assert target.lm_head.weights == "bf16"
 
