@@ -18,7 +18,7 @@ from specdemo.bench import run_one, select_prompts
 from specdemo.prompts import load_prompts
 from specdemo.sampling import SamplingConfig
 from specdemo.target import Target, load_target
-from specdemo.verify import prefilled_cache
+from specdemo.kvcache import KVCache
 
 
 @torch.inference_mode()  # the mode generate runs in
@@ -27,8 +27,8 @@ def prefill_seconds(target: Target, ids: list[int], repeats: int = 2) -> float:
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
-        with target.prefilling():
-            prefilled_cache(target, ids[:-1], 8)
+        target.prefill(torch.tensor([ids[:-1]], device=target.device),
+                       KVCache(capacity=len(ids) + 8, layers=target.n_layers))
         best = min(best, time.perf_counter() - t0)
     return best
 

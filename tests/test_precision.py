@@ -286,7 +286,9 @@ def test_oracle_trees_are_lossless_at_reduced_precision(tiny, precision, samplin
 
 @needs_int4
 def test_the_engine_prefills_on_the_prefill_weights_and_steps_on_the_int4_kernel(tiny, monkeypatch):
+    """Through the transformers prefill (`Target.prefill`'s fallback; test_prefill.py covers the bf16 prefill)."""
     target = _at(tiny, "int4")
+    monkeypatch.setattr(target, "bf16_prefill", None)
     seen = []  # (rows, on the prefill weights) per product: the module's forward, or its kernel called directly
     forward, kernel = Int4Linear.forward, Int4Linear.rows
 
@@ -316,6 +318,7 @@ def test_only_the_prompts_prefill_runs_its_attention_in_bf16(tiny, precision, mo
     from specdemo import cpu_attention
 
     target = _at(tiny, precision)
+    monkeypatch.setattr(target, "bf16_prefill", None)  # the transformers prefill, which models without a CPU step take
     calls = []
     bf16_prefill = cpu_attention._bf16_prefill
 
