@@ -3,12 +3,12 @@
 Why: at these precisions every product of a prefill already takes its rows in bf16 (an int4 model's layers on their
 bf16 prefill weights, `precision.Int4Linear`) and the prompt's causal attention runs in bf16
 (`cpu_attention._bf16_prefill`).  Through the transformers decoder each product's output is then cast to fp32 and back
-to bf16 before the next product, and the SiLU gate, the rotary embedding and the attention's output move as fp32:
-~700 casts and twice the bytes per prefill, on the 2-core dev machine ~18% of an int4 prompt's prefill
-(docs/precision.md, "The prompt's products in bf16 from end to end").  Here a layer is the same computation with the
-products' outputs left in bf16 where the next operation is a product or the attention; the residual stream, the
-norms and the rotary embedding of q and k stay fp32, and the cache gets the keys and values in fp32 exactly as the
-transformers prefill writes them (up to the one rounding of the SiLU gate's product in bf16 rather than in fp32).
+to bf16 before the next product, and the attention's output moves as fp32: ~700 casts and twice the bytes per
+prefill.  Here a layer is the same computation with the products' outputs left in bf16 where the next operation is a
+product or the attention; the residual stream, the norms, the rotary embedding of q and k and the SiLU gate stay
+fp32, so the cache gets the transformers prefill's keys and values bit for bit (on the 2-core dev machine the tune
+prompts' prefills took 12% less time at int4, 14% at bf16: docs/precision.md, "The prompt's products in bf16 from end
+to end").
 
 Every mode prefills this way, so drafted output stays plain decoding's; a decoding step (step_decoder.py) never runs it.
 It covers what the CPU step covers (Llama/Qwen2/Mistral layers; `StepDecoder`), prompts prefilled into an empty cache.
@@ -116,4 +116,3 @@ def _normed(norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
     """The layer's RMSNorm of fp32 rows, as the bf16 rows its products take: torch's `rms_norm`, which over a prompt's
     hundreds of rows takes less than half the time of the decoding step's form of it (`RMSNorm`)."""
     return F.rms_norm(x, (norm.width,), norm.weight, norm.eps).to(torch.bfloat16)
-
