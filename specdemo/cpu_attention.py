@@ -213,8 +213,9 @@ def row_exact_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     if real == n and len(paths) == 1 and len(paths[0].calls) == 1:  # a chain in one call (no moves): its output
         return _block_call(rows_first, key, value, paths[0].calls[0], scaling)[:, :, 0].unsqueeze(0), None
     out = torch.empty(query.shape[0], n, query.shape[1], value.shape[-1], dtype=query.dtype, device=query.device)
-    if real < n:  # probe rows only draft, so they need no one-token bits: one masked call, before any move
-        out[0, real:] = _probe_call(query[:, :, real:], key, value, attention_mask[:, :, real:], scaling)
+    if real < n:  # probe rows only draft, so they need no one-token bits: one call over every key, before any move
+        probe_masks = attention_mask[0, :, real:].transpose(0, 1).unsqueeze(1)  # (probes, 1, 1, keys)
+        out[0, real:] = _exact_call(rows_first[real:], key, value, probe_masks, scaling)[:, :, 0]
     if any(p.dst is not None for p in paths):  # the tree's own entries, the source of every move
         tree_k, tree_v = key[:, :, past:].clone(), value[:, :, past:].clone()
     for p in paths:
@@ -231,23 +232,6 @@ def row_exact_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
         key.index_copy_(2, dst, tree_k.index_select(2, src))
         value.index_copy_(2, dst, tree_v.index_select(2, src))
     return out, None
-
-
-def _probe_call(queries: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
-                scaling: float | None) -> torch.Tensor:
-    """Probe rows' queries (1, heads, p, dim) over every key with their mask (1, 1, p, keys) -> (p, heads, dim).  From
-    GROUPED_FROM keys a key head's query heads go in as its query rows, as in `_exact_call` (a key head read once,
-    not once per query head; one probe row over 310 keys on the 2-core Xeon: 39 against 52 µs a layer)."""
-    _, heads, p, dim = queries.shape
-    kv_heads, length = key.shape[1], key.shape[2]
-    group = _query_rows(heads, kv_heads, length)
-    if group == 1:
-        got = F.scaled_dot_product_attention(queries, key, value, attn_mask=mask, scale=scaling, enable_gqa=True)
-    else:  # query row g·p + r of key head h is query head h·group + g at probe r, with probe r's mask
-        rows = mask.expand(1, 1, group, length) if p == 1 else mask.repeat(1, 1, group, 1)
-        got = F.scaled_dot_product_attention(queries.reshape(1, kv_heads, group * p, dim), key, value, attn_mask=rows,
-                                             scale=scaling).view(1, heads, p, dim)
-    return got[0].transpose(0, 1)
 
 
 def _block_call(rows_first: torch.Tensor, key: torch.Tensor, value: torch.Tensor, call: _KeyBlockCall,
