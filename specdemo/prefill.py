@@ -21,7 +21,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from specdemo.cpu_linear import PackedLinear
 from specdemo.precision import Int4Linear
-from specdemo.step_decoder import RMSNorm, StepDecoder
+from specdemo.step_decoder import RMSNorm, StepDecoder, rotated
 
 _PARTS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -96,8 +96,7 @@ def _layer(layer, products: dict[str, Bf16Product], x: torch.Tensor, rotary: tup
     cos, sin = rotary
     h = _normed(layer.norm_in, x)
     q, k = products["q_proj"](h).float().view(n, n_q, hd), products["k_proj"](h).float().view(n, n_kv, hd)
-    q = q * cos + q.roll(hd // 2, -1) * sin  # sin signed: RotaryTable._build
-    k = (k * cos + k.roll(hd // 2, -1) * sin).transpose(0, 1).unsqueeze(0)
+    q, k = rotated(q, cos, sin), rotated(k, cos, sin).transpose(0, 1).unsqueeze(0)
     v = products["v_proj"](h).view(n, n_kv, hd).transpose(0, 1).unsqueeze(0)
     cache.update(k, v.float(), index)
     out = F.scaled_dot_product_attention(q.to(torch.bfloat16).transpose(0, 1).unsqueeze(0), k.to(torch.bfloat16),

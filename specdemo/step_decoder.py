@@ -145,6 +145,11 @@ class RotaryTable:
         return self.cos[positions].unsqueeze(1), self.sin_signed[positions].unsqueeze(1)
 
 
+def rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (..., head_dim) turned by a RotaryTable's cos and signed sin: x·cos + roll(x, half)·sin (`_build` says why)."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
+
+
 class RMSNorm:
     """A Llama-form RMSNorm, x / sqrt(mean(x²) + eps) · weight over the last dimension, for decoding steps.
 
@@ -196,7 +201,7 @@ class FusedLayer:
         rows = x.view(n, -1)
         qkv = _product(self.qkv, self.norm_in(rows)).view(n, n_q + 2 * n_kv, hd)
         qk = qkv[:, : n_q + n_kv]  # q and k heads turn together
-        qk = qk * cos + qk.roll(hd // 2, -1) * sin  # sin signed: RotaryTable._build
+        qk = rotated(qk, cos, sin)
         q = qk[:, :n_q].transpose(0, 1).unsqueeze(0)
         k = qk[:, n_q:].transpose(0, 1).unsqueeze(0)
         v = qkv[:, n_q + n_kv :].transpose(0, 1).unsqueeze(0)
