@@ -12,6 +12,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 from specdemo.engine import DecodeState, Drafter  # noqa: E402
+from specdemo.precision import int4_available  # noqa: E402
 from specdemo.target import embedded_dir, load_target  # noqa: E402
 from specdemo.tree import DraftTree  # noqa: E402
 
@@ -57,6 +58,15 @@ def tiny(request, tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory):
     return _tiny("llama", tmp_path_factory)
+
+
+needs_int4 = pytest.mark.skipif(not int4_available(), reason="no int4 CPU kernel or no native bf16 on this CPU")
+REDUCED = ["bf16", pytest.param("int4", marks=needs_int4)]  # the CPU precisions below fp32
+
+
+def at_precision(tiny, precision: str):
+    """The tiny model's checkpoint loaded on the CPU at `precision`."""
+    return load_target(str(tiny.model.name_or_path), device="cpu", precision=precision)
 
 
 def on_cpu(target):

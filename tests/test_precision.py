@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import OracleDrafter
+from conftest import REDUCED, OracleDrafter, at_precision, needs_int4
 from specdemo.cpu_linear import fp16_available
 from specdemo.engine import GenerationConfig, generate, run_to_end
 from specdemo.precision import (
@@ -27,8 +27,6 @@ from specdemo.sampling import SamplingConfig
 from specdemo.target import ModelLoadError, load_target
 from specdemo.tree import DraftTree, TreeBuffers
 from specdemo.verify import check_tree_support, prefilled_cache, trial_forward, tree_forward
-
-needs_int4 = pytest.mark.skipif(not int4_available(), reason="no int4 CPU kernel or no native bf16 on this CPU")
 
 
 def q4_1_blocks(q: np.ndarray, d: np.ndarray, m: np.ndarray) -> np.ndarray:
@@ -236,20 +234,13 @@ def test_the_embedded_int4_weights_are_the_gguf_blocks(embedded):
 
 
 # ------------------------------------------------------------------------------- lossless at every precision
-REDUCED = ["bf16", pytest.param("int4", marks=needs_int4)]
-
-
-def _at(tiny, precision: str):
-    return load_target(str(tiny.model.name_or_path), device="cpu", precision=precision)
-
-
 @pytest.mark.parametrize("precision", REDUCED)
 @pytest.mark.parametrize("parents", [[-1, 0, -1, 2], [-1, 0, 1, -1, 3, 0, 5, 1, 2, 6]], ids=["two-branch", "deep"])
 def test_tree_rows_compute_exactly_what_one_token_steps_compute(tiny, precision, parents):
     """Row-exact attention: every row of a branching tree (rows move their ancestors into place, a side branch only
     what differs from the row before, and the tree is put back) gives the bitwise logits of one-token steps along its
     own path."""
-    target = _at(tiny, precision)
+    target = at_precision(tiny, precision)
     torch.manual_seed(0)
     ctx = torch.randint(100, 5000, (10 + len(parents),)).tolist()
     tree = DraftTree(tokens=ctx[10:], parents=parents)
@@ -275,7 +266,7 @@ def _path(tree: DraftTree, node: int) -> list[int]:
 @pytest.mark.parametrize("precision", REDUCED)
 @pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(0.8, 0.9, 0, seed=7)], ids=["greedy", "sampling"])
 def test_oracle_trees_are_lossless_at_reduced_precision(tiny, precision, sampling):
-    target = _at(tiny, precision)
+    target = at_precision(tiny, precision)
     torch.manual_seed(1)
     prompt = torch.randint(100, 5000, (12,)).tolist()
     cfg = GenerationConfig(max_new_tokens=32, sampling=sampling)
@@ -287,7 +278,7 @@ def test_oracle_trees_are_lossless_at_reduced_precision(tiny, precision, samplin
 @needs_int4
 def test_the_engine_prefills_on_the_prefill_weights_and_steps_on_the_int4_kernel(tiny, monkeypatch):
     """Through the transformers prefill (`Target.prefill`'s fallback; test_prefill.py covers the bf16 prefill)."""
-    target = _at(tiny, "int4")
+    target = at_precision(tiny, "int4")
     monkeypatch.setattr(target, "bf16_prefill", None)
     seen = []  # (rows, on the prefill weights) per product: the module's forward, or its kernel called directly
     forward, kernel = Int4Linear.forward, Int4Linear.rows
@@ -317,7 +308,7 @@ def test_only_the_prompts_prefill_runs_its_attention_in_bf16(tiny, precision, mo
     a decoding step, and the layers are unmarked again after the prefill, also after an error inside it."""
     from specdemo import cpu_attention
 
-    target = _at(tiny, precision)
+    target = at_precision(tiny, precision)
     monkeypatch.setattr(target, "bf16_prefill", None)  # the transformers prefill, which models without a CPU step take
     calls = []
     bf16_prefill = cpu_attention._bf16_prefill

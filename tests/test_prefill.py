@@ -5,17 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import REDUCED, at_precision
 from specdemo.engine import GenerationConfig, run_to_end
 from specdemo.kvcache import KVCache
-from specdemo.precision import int4_available, prefill_weights
+from specdemo.precision import prefill_weights
 from specdemo.prefill import Bf16Prefill, Bf16Product
 from specdemo.target import load_target
-
-REDUCED = ["bf16", pytest.param("int4", marks=pytest.mark.skipif(not int4_available(), reason="no int4 CPU kernel"))]
-
-
-def _at(tiny, precision: str):
-    return load_target(str(tiny.model.name_or_path), device="cpu", precision=precision)
 
 
 def _cache(target, n: int) -> KVCache:
@@ -31,7 +26,7 @@ def _transformers_prefill(target, ids: torch.Tensor, cache: KVCache):
 def test_the_prefill_writes_the_transformers_prefills_cache_bit_for_bit(tiny, precision):
     """Keys and values of every layer, and every layer's hidden states, equal the transformers prefill's (Llama, and
     Qwen2 with its q/k/v biases); the final norm is the decoding step's form of RMSNorm, equal up to rounding."""
-    target = _at(tiny, precision)
+    target = at_precision(tiny, precision)
     assert isinstance(target.bf16_prefill, Bf16Prefill)
     ids = torch.randint(100, 5000, (1, 37), generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
@@ -48,7 +43,7 @@ def test_the_prefill_writes_the_transformers_prefills_cache_bit_for_bit(tiny, pr
 
 @pytest.mark.parametrize("precision", REDUCED)
 def test_the_engine_prefills_through_it_once_and_never_in_a_step(tiny, precision, monkeypatch):
-    target = _at(tiny, precision)
+    target = at_precision(tiny, precision)
     rows = []
     call = Bf16Product.__call__
 
@@ -68,7 +63,7 @@ def test_fp32_models_and_filled_caches_prefill_through_transformers(tiny, monkey
     """fp32 has nothing to gain (its products take fp32 rows); a cache that holds entries already (the prefill is
     causal from position 0) goes to the decoder too."""
     assert load_target(str(tiny.model.name_or_path), device="cpu").bf16_prefill is None
-    target = _at(tiny, "bf16")
+    target = at_precision(tiny, "bf16")
     monkeypatch.setattr(Bf16Prefill, "__call__", lambda *a, **k: pytest.fail("prefilled a filled cache"))
     cache = _cache(target, 12)
     with torch.inference_mode():
@@ -79,5 +74,5 @@ def test_fp32_models_and_filled_caches_prefill_through_transformers(tiny, monkey
 
 def test_a_model_without_the_cpu_step_has_no_bf16_prefill(tiny, monkeypatch):
     monkeypatch.setenv("SPECDEMO_FUSED_DECODER", "0")
-    target = _at(tiny, "bf16")
+    target = at_precision(tiny, "bf16")
     assert target.step_decoder is None and target.bf16_prefill is None

@@ -7,15 +7,14 @@ import types
 import pytest
 import torch
 
-from conftest import OracleDrafter
+from conftest import OracleDrafter, needs_int4
 from specdemo.step_decoder import RMSNorm, StepDecoder, RotaryTable, fusable, unsupported_reason
 from specdemo.engine import GenerationConfig, run_to_end
 from specdemo.kvcache import KVCache
-from specdemo.precision import Int4Linear, int4_available
+from specdemo.precision import Int4Linear
 from specdemo.sampling import SamplingConfig
 from specdemo.tree import DraftTree, TreeBuffers
 
-needs_int4 = pytest.mark.skipif(not int4_available(), reason="no int4 CPU kernel or no native bf16 on this CPU")
 
 
 def _step_both_ways(target, ctx: list[int], tree: DraftTree, hidden: bool):
