@@ -29,7 +29,8 @@ from typing import Callable
 import torch
 
 from specdemo.bench import parse_options, read_cost_curves
-from specdemo.budget import CURVE_SIZES, cost_at, measure_cost_curves, pin_cost_curves, relative_cost, verify_cost_curve
+from specdemo.budget import (cost_at, curve_sizes, measure_cost_curves, pin_cost_curves, relative_cost,
+                             verify_cost_curve)
 from specdemo.drafters import METHODS, make_drafter
 from specdemo.engine import GenerationConfig, StepEvent, run_to_end
 from specdemo.prompts import load_prompts
@@ -86,7 +87,7 @@ def run_acceptance(target: Target, methods: list[str], prompts: list[dict], max_
     cfg = GenerationConfig(max_new_tokens=max_new_tokens, sampling=sampling)
     encoded = [target.encode_prompt(p["prompt"]) for p in prompts]
     measure_cost_curves(target)  # once, before any drafter sizes a tree by it (a no-op when pinned)
-    rel_cost = relative_cost(verify_cost_curve(target, CURVE_SIZES))
+    rel_cost = relative_cost(verify_cost_curve(target, curve_sizes(target)))
     refs: list[list[int] | None] = [None] * len(encoded)
     result = {"model": target.name, "max_new_tokens": max_new_tokens, "sampling": vars(sampling),
               "prompts": len(encoded), "relative_cost": {str(k): v for k, v in rel_cost.items()}, "methods": {}}

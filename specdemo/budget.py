@@ -30,6 +30,7 @@ from specdemo.tree import DraftTree
 GPU_BUDGET = 64  # REST's paper budget; on a GPU a 64-node verification costs about a 1-token step
 DEFAULT_SIZES = (0, 1, 2, 4, 8, 16, 32)  # larger trees: extrapolated (cost_at); never worth it on CPU
 CURVE_SIZES = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # the curve per-step tree sizing reads (cut_to_cost)
+INT4_CURVE_SIZES = tuple(range(17)) + (24, 32)  # the same at int4: every size a CPU tree takes (curve_sizes)
 
 
 @dataclass(frozen=True)
@@ -141,11 +142,20 @@ def trial_cache(target, context: list[int], max_nodes: int):
         static_step.release_steps(target, steps)
 
 
+def curve_sizes(target) -> tuple[int, ...]:
+    """The sizes of the curve `target`'s trees are sized by.  At int4 every size up to 16: torch's int4 kernel
+    computes rows in blocks of 4, so the cost is a staircase (1-3 drafts cost alike, then 4-7, 8-11) that a line
+    between sparse sizes misprices, 7 drafts by ~10%.  Elsewhere the curve is near-linear between the sparse sizes,
+    and each extra point brings its own timing noise, which the non-decreasing envelope (`relative_cost`) turns into
+    cost for every larger tree (docs/dynamic-trees.md)."""
+    return INT4_CURVE_SIZES if getattr(target, "precision", "fp32") == "int4" else CURVE_SIZES
+
+
 def measure_cost_curves(target) -> None:
-    """Measure the one curve every drafter reads a part of (CURVE_SIZES holds each size set they ask for), once per
+    """Measure the one curve every drafter reads a part of (`curve_sizes` holds each size set they ask for), once per
     loaded model, so that no request pays for it: the app calls this when it loads a model, the bench before its
     first run.  A few seconds on the 2-core CPU."""
-    verify_cost_curve(target, CURVE_SIZES)
+    verify_cost_curve(target, curve_sizes(target))
 
 
 def cost_curves(target) -> dict[str, dict[str, float]]:
@@ -157,6 +167,10 @@ def cost_curves(target) -> dict[str, dict[str, float]]:
 def pin_cost_curves(target, saved: dict[str, dict[str, float]]) -> None:
     """Use curves saved by `cost_curves` instead of measuring: the tree sizes drafters pick depend on the curve,
     so replaying a run's curves replays its accept lengths exactly (greedy), whatever the machine's timing noise."""
+    wanted = curve_sizes(target)
+    if not any(set(wanted) <= {int(s) for s in sizes.split(",")} for sizes in saved):
+        raise ValueError(f"the saved cost curves cover the sizes {' and '.join(saved)}; this model's trees are sized "
+                         f"by a curve over {','.join(map(str, wanted))}, so they cannot replay that run")
     curves = target.artifacts.setdefault(CURVES, {})
     for sizes, curve in saved.items():
         curves[tuple(int(s) for s in sizes.split(","))] = {int(s): float(t) for s, t in curve.items()}
@@ -168,7 +182,7 @@ SHOWN_COSTS = (4, 16)  # the draft counts whose verification cost the page shows
 def measured_costs(target, sizes=SHOWN_COSTS) -> dict[int, float]:
     """What verifying n drafts costs in plain steps for n in `sizes`, from the curve already measured on `target`
     (the app measures it at load); {} when there is none: a request never waits for a measurement."""
-    curve = target.artifacts.get(CURVES, {}).get(CURVE_SIZES)
+    curve = target.artifacts.get(CURVES, {}).get(curve_sizes(target))
     return {n: interpolate(relative_cost(curve), n) for n in sizes} if curve else {}
 
 
@@ -248,7 +262,7 @@ def calibrated_cost(target, method: str, state, dynamic: bool, path=None):
     cal = load_calibration(target.name, target.identity, method, not state.sampling.greedy, path)
     if not dynamic or cal is None:
         return cal, None
-    return cal, relative_cost(verify_cost_curve(target, CURVE_SIZES))
+    return cal, relative_cost(verify_cost_curve(target, curve_sizes(target)))
 
 
 def cut_to_cost(tree, rel: dict[int, float] | None, max_nodes: int | None = None):

@@ -6,12 +6,12 @@ import json
 import pytest
 
 from specdemo import acceptance, cli
-from specdemo.budget import CURVE_SIZES, CURVES, pin_cost_curves
+from specdemo.budget import CURVE_SIZES, CURVES, INT4_CURVE_SIZES, pin_cost_curves
 from specdemo.engine import StepEvent
 from specdemo.tree import DraftTree
 
-SIZES = ",".join(map(str, CURVE_SIZES))
-FLAT = {SIZES: {str(s): 1.0 for s in CURVE_SIZES}}  # every tree costs an AR step: drafting always pays
+SIZES = ",".join(map(str, INT4_CURVE_SIZES))  # every size: the curve serves a model at any precision
+FLAT = {SIZES: {str(s): 1.0 for s in INT4_CURVE_SIZES}}  # every tree costs an AR step: drafting always pays
 
 
 def event(tree: DraftTree, accepted: list[int], tokens: list[int]) -> StepEvent:

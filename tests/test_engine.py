@@ -410,26 +410,33 @@ def test_pld_shadow_scoring_and_length_choice():
     assert d.stats == {(2, False): [3.0, 0.0]} and not d._shadows
 
 
-def test_prompt_lookup_reads_every_size_of_the_cost_curve(tiny_llama):
-    """At int4 a verification's cost jumps where the kernel starts a new block of 4 rows (3 drafts cheap, 4 dear):
-    prompt lookup sizes its chain on the measured point at 3, not a line drawn from 2 to 4."""
+def test_prompt_lookup_reads_every_size_of_the_cost_curve():
+    """At int4 a verification's cost is a staircase: torch's kernel computes rows in blocks of 4, so 1-3 drafts
+    (2-4 rows) cost about alike, then 4-7 drafts, and so on.  The int4 curve has every size, and prompt lookup sizes
+    its chain on the measured points, not on a line drawn between sparse sizes; a curve saved over the sparse sizes
+    cannot size an int4 model's trees."""
     from types import SimpleNamespace
 
-    from specdemo.budget import CURVE_SIZES, CURVES, pin_cost_curves
+    from specdemo.budget import CURVE_SIZES, INT4_CURVE_SIZES, curve_sizes, pin_cost_curves
     from specdemo.drafters.pld import PromptLookupDrafter
 
-    costs = {0: 1.0, 1: 1.1, 2: 1.3, 3: 1.35, 4: 3.0, 6: 3.5, 8: 4.0, 12: 6.0, 16: 8.0, 24: 12.0, 32: 16.0}
-    saved = tiny_llama.artifacts.pop(CURVES, None)
-    try:
-        pin_cost_curves(tiny_llama, {",".join(map(str, CURVE_SIZES)): {str(n): c for n, c in costs.items()}})
-        d = PromptLookupDrafter()
-        d.begin(SimpleNamespace(target=tiny_llama), None)
-        d.stats = {(3, True): [100.0, 0.0]}  # lookups in this situation nearly always come true
-        assert d._best_length((3, True), 10) == 3  # a line from 2 to 4 prices 3 drafts at 2.15: it would send 2
-    finally:
-        tiny_llama.artifacts.pop(CURVES, None)
-        if saved is not None:
-            tiny_llama.artifacts[CURVES] = saved
+    def step(n: int) -> float:  # the relative cost of n drafts: one level per block of 4 rows
+        return 1.0 if n == 0 else 1.3 + 0.6 * (n // 4) + 0.001 * n
+
+    def saved(sizes):
+        return {",".join(map(str, sizes)): {str(n): step(n) for n in sizes}}
+
+    target = SimpleNamespace(artifacts={}, precision="int4")
+    assert curve_sizes(target) == INT4_CURVE_SIZES and set(range(17)) <= set(INT4_CURVE_SIZES)
+    assert curve_sizes(SimpleNamespace(precision="bf16")) == CURVE_SIZES
+    with pytest.raises(ValueError, match="cannot replay"):
+        pin_cost_curves(target, saved(CURVE_SIZES))
+    pin_cost_curves(target, saved(INT4_CURVE_SIZES))
+    d = PromptLookupDrafter()
+    d.begin(SimpleNamespace(target=target), None)
+    d.stats = {(3, True): [100.0, 0.0]}  # lookups in this situation nearly always come true
+    assert d._best_length((3, True), 7) == 7  # a line from 6 drafts to 8 would price 7 above 6: it would send 6
+    assert d._best_length((3, True), 3) == 3  # a line from 2 to 4 would price 3 above 2: it would send 2
 
 
 def test_bench_replays_pinned_cost_curves(tiny_llama):

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specdemo.budget import CURVE_SIZES, cost_at, relative_cost, verify_cost_curve
+from specdemo.budget import cost_at, curve_sizes, relative_cost, verify_cost_curve
 from specdemo.drafters.contract import PROMPT, Knob, Option
 from specdemo.engine import DecodeState, Drafter, Verified
 from specdemo.tree import DraftTree
@@ -45,7 +45,7 @@ class PromptLookupDrafter(Drafter):
 
     def begin(self, state: DecodeState, prompt_hidden) -> None:
         if self.adaptive and self.rel_cost is None:
-            self.rel_cost = relative_cost(verify_cost_curve(state.target, CURVE_SIZES))
+            self.rel_cost = relative_cost(verify_cost_curve(state.target, curve_sizes(state.target)))
         self.stats, self._shadows, self._hit = {}, [], False
 
     def propose(self, state: DecodeState) -> DraftTree:
