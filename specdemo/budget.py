@@ -10,6 +10,7 @@ tree size from the measured curve, or it ends up slower than AR.
     pick_budget(target, expected_tau_by_size) -> the node budget with the best expected tokens per unit of cost
     cost_at(rel, n)                   -> relative cost of an n-node tree, interpolated
     best_size(probs, rel)             -> how many nodes of a best-first order pay for their verification
+    size_and_rate(probs, rel, ...)    -> the same n and its expected tokens per unit of cost
     cut_to_cost(tree, rel)            -> a scored tree cut to that many nodes (EAGLE-2-style dynamic size, per step)
     TREE_SIZES, default_sizing(target, method, dynamic, budget) -> every tree drafter's default size per device
 """
@@ -55,12 +56,16 @@ class TreeSize:
 #     1.26x, int4 0.84x -> 0.88x (a tree row costs more at bf16 and int4).  GPU: nodes are nearly free, k chains
 #     everywhere.  prompt_lookup (NOT in the paper): prompt lookup's continuation of up to 6
 #     tokens grafted next to the probes' drafts; on 10 ShareGPT tuning prompts (docs/sdsat.md) it lifted tau
-#     1.54 -> 1.67 and 1.20x -> 1.32x; 4 and 10 tokens did the same within noise.
+#     1.54 -> 1.67 and 1.20x -> 1.32x; 4 and 10 tokens did the same within noise.  skip_probe: a step leaves the
+#     root's probe out where its row costs more than its drafts bring the next step (int4: 0.82-0.85x -> 0.88-0.90x
+#     AR on the tune half; fp32 and bf16, where a row is cheap, unchanged).
 TREE_SIZES: dict[str, dict[str, TreeSize]] = {
     "rest": {"cpu": TreeSize(budget=16, dynamic_cap=24), "gpu": TreeSize(budget=GPU_BUDGET, dynamic_cap=GPU_BUDGET)},
     "s4c": {"cpu": TreeSize(budget=11, dynamic_cap=16), "gpu": TreeSize(budget=15, dynamic_cap=15)},
-    "sdsat": {"cpu": TreeSize(shape={"k": 1, "chains": 0, "branching": "2,1", "shape": "main", "prompt_lookup": 6}),
-              "gpu": TreeSize(shape={"k": 4, "chains": -1, "branching": None, "shape": "uniform", "prompt_lookup": 6})},
+    "sdsat": {"cpu": TreeSize(shape={"k": 1, "chains": 0, "branching": "2,1", "shape": "main", "prompt_lookup": 6,
+                                     "skip_probe": True}),
+              "gpu": TreeSize(shape={"k": 4, "chains": -1, "branching": None, "shape": "uniform", "prompt_lookup": 6,
+                                     "skip_probe": False})},
 }
 
 
@@ -241,15 +246,22 @@ def best_size(probs: Sequence[float], rel: dict[int, float], extra_nodes: Callab
     (1 + p_1 + ... + p_n) / cost(n + extra(n)).  For a tree, the expected accepted length is exactly the sum over its
     nodes of P(node on the accepted path), so with calibrated p this is the step's expected speed relative to AR.
     `extra_nodes(n)`: nodes that ride along with the first n (SDSAT's probes).  0 = a plain step wins."""
+    return size_and_rate(probs, rel, extra_nodes)[0]
+
+
+def size_and_rate(probs: Sequence[float], rel: dict[int, float], extra_nodes: Callable[[int], int] | None = None,
+                  bonus: float = 0.0) -> tuple[int, float]:
+    """`best_size`'s n and its rate, with `bonus` expected tokens that the riders bring beyond this step (SDSAT's
+    probe drafts the next one) added to every n's."""
     extra = extra_nodes or (lambda n: 0)
-    best, gain = 0, 1.0
+    best, gain = 0, 1.0 + bonus
     best_rate = gain / cost_at(rel, extra(0))  # no draft node: a plain step (cost 1) or the riders alone
     for n, p in enumerate(probs, start=1):
         gain += p
         rate = gain / cost_at(rel, n + extra(n))
         if rate > best_rate + 1e-9:
             best, best_rate = n, rate
-    return best
+    return best, best_rate
 
 
 def calibrated_cost(target, method: str, state, dynamic: bool, path=None):

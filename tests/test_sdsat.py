@@ -372,6 +372,42 @@ def test_device_default_tree_fits_the_cpu_budget(tiny_llama):
     assert "prompt" not in tree.sources  # nothing to look up: no earlier match of a suffix
 
 
+def test_skip_probe_leaves_out_a_root_probe_that_does_not_pay(tiny_llama):
+    """With `skip_probe` a step sends the root's probe only when its row buys more than a step without it: where the
+    first extra row costs a plain step's worth (an int4 kernel's new block of rows), the drafts and the probe give
+    way to a plain step; where rows are free the probe stays; the output is AR's either way."""
+    from specdemo.drafters.sdsat.drafter import make
+
+    t = on_cpu(tiny_llama)
+    dear = {0: 1.0, 1: 2.0, 2: 2.05, 3: 2.1, 4: 3.0, 8: 4.0}
+    flat = {0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0, 8: 1.0}
+
+    def tree(skip: bool, rel: dict[int, float]) -> DraftTree:
+        d = make(t, adapter=_noisy_adapter(t), calibration="none", prompt_lookup=0, skip_probe=skip)
+        d.rel_cost = rel
+        d._pending, d._pending_p = [[100, 101]], [[0.3, 0.1]]  # two depth-1 candidates from the last step's probe
+        return d.propose(type("S", (), {"tokens": [1, 2, 3]})())
+
+    def probes(tr: DraftTree) -> int:
+        return sum(tr.is_probe(i) for i in range(len(tr)))
+
+    assert len(tree(False, dear)) == 3 and probes(tree(False, dear)) == 1  # without it the root's probe always rides
+    assert len(tree(True, dear)) == 0  # 1.9 expected tokens for 2.1 steps' cost: a plain step pays more
+    assert len(tree(True, flat)) == 3 and probes(tree(True, flat)) == 1
+
+    class DearRows(SDSATDrafter):
+        def begin(self, state, prompt_hidden) -> None:
+            super().begin(state, prompt_hidden)
+            self.rel_cost = dear
+
+    cfg = GenerationConfig(max_new_tokens=30)
+    prompt = t.encode_prompt(PROMPTS[0])
+    ref, _ = run_to_end(t, prompt, None, cfg)
+    out, events = run_to_end(t, prompt, DearRows(t, _noisy_adapter(t), k=1, branching="2,1", skip_probe=True), cfg)
+    assert out == ref
+    assert any(not any(ev.tree.is_probe(i) for i in range(len(ev.tree))) for ev in events[1:])
+
+
 def test_default_tree_grafts_prompt_lookup_scored_by_ngram_length(tiny_llama):
     from specdemo.drafters.sdsat.drafter import make
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from specdemo.budget import best_size, calibrated_cost, default_sizing, tree_size
+from specdemo.budget import calibrated_cost, default_sizing, size_and_rate, tree_size
 from specdemo.drafters.contract import PROMPT, DrafterUnavailable, DraftSource, Knob, Option
 from specdemo.drafters.pld import lookup_with_ngram_length
 from specdemo.drafters.sdsat.adapter import (
@@ -51,7 +51,7 @@ class SDSATDrafter(Drafter):
 
     def __init__(self, target, adapter, k: int = 4, loop: str = "fused", branching=None, chains: int = -1,
                  prompt_lookup: int = 0, shape: str = "uniform", dynamic: bool = False,
-                 calibration: Path | None = None, couple: float = 1.0):
+                 calibration: Path | None = None, couple: float = 1.0, skip_probe: bool = False):
         if loop not in ("fused", "paper"):
             raise ValueError(f"loop must be 'fused' or 'paper', got {loop!r}")
         if shape not in ("uniform", "main", "fan"):
@@ -75,6 +75,10 @@ class SDSATDrafter(Drafter):
         # under sampling, the probes' candidates are drawn with the noise the target's tokens will be drawn with, from
         # their distribution sharpened by `couple` (sampling.draft_candidates); 0: their most probable tokens
         self.couple = float(couple)
+        # skip_probe: a step may leave out the root's probe when its row costs more than the tokens its drafts bring
+        # the next step (their running mean, `_probe_yield`); with dynamic sizing only
+        self.skip_probe = bool(skip_probe)
+        self._yield = [0.0, 0.0]  # accepted adaptive-token drafts, steps that sent some
         self.masked_rows = target.device.type == "cuda"  # the graph-safe hooks (every row, probe rows from masks)
         self.reset_stats()
         self._pending: list[list[int]] | None = None
@@ -87,6 +91,7 @@ class SDSATDrafter(Drafter):
     # ------------------------------------------------------------------ engine interface
     def begin(self, state: DecodeState, prompt_hidden) -> None:
         self._pending = self._pending_p = None
+        self._yield = [0.0, 0.0]
         self.calibrator, self.rel_cost = calibrated_cost(state.target, "sdsat", state, self.dynamic,
                                                          self.calibration_path)
 
@@ -142,7 +147,7 @@ class SDSATDrafter(Drafter):
 
     def _cut(self, tree: DraftTree) -> DraftTree:
         """Keep the best-first draft nodes that pay for their verification; a probe chain stays with its origin (the
-        root's chain always: it drafts the next step)."""
+        root's chain too: it drafts the next step, unless `skip_probe` finds its rows cost more than that brings)."""
         chains = _chains(tree)
         order = tree.best_first()
         extra, kept = [], set()
@@ -150,10 +155,23 @@ class SDSATDrafter(Drafter):
             if n:
                 kept.add(order[n - 1])
             extra.append(sum(len(c) for o, c in chains.items() if o == -1 or o in kept))
-        n = best_size([tree.scores[i] for i in order], self.rel_cost, lambda m: extra[m])
+        probs = [tree.scores[i] for i in order]
+        root = len(chains.get(-1, ()))
+        bonus = self._probe_yield() if root and self.skip_probe else 0.0
+        n, rate = size_and_rate(probs, self.rel_cost, lambda m: extra[m], bonus)
+        with_root = True
+        if self.skip_probe and root:
+            n_alone, rate_alone = size_and_rate(probs, self.rel_cost, lambda m: extra[m] - root)
+            if rate_alone > rate:
+                n, with_root = n_alone, False
         keep = set(order[:n])
-        keep |= {i for o, c in chains.items() if o == -1 or o in keep for i in c}
+        keep |= {i for o, c in chains.items() if (o == -1 and with_root) or o in keep for i in c}
         return tree.subtree(sorted(keep))
+
+    def _probe_yield(self) -> float:
+        """Tokens a root probe's drafts are expected to add to the next step: the running mean of accepted
+        adaptive-token drafts per step that sent some (a prior of half a token over two steps to start)."""
+        return (self._yield[0] + 1.0) / (self._yield[1] + 2.0)
 
     @property
     def graph_key(self) -> tuple | None:
@@ -183,6 +201,9 @@ class SDSATDrafter(Drafter):
         depth = tree.depths()
         n_draft = sum(1 for i in range(len(tree)) if not tree.is_probe(i))
         acc = verified.accepted_nodes
+        if any(src == ADAPTIVE.name for src in tree.sources):
+            self._yield[0] += sum(tree.sources[i] == ADAPTIVE.name for i in acc)
+            self._yield[1] += 1
         if n_draft:
             st["forwards_with_draft"] += 1
             self.tally.add(max(depth[i] for i in range(len(tree)) if not tree.is_probe(i)), len(acc))
@@ -280,15 +301,17 @@ OPTIONS = (
     Option("calibration", "path", special=("none",), help="a calibration file, or 'none' for raw scores"),
     Option("couple", "float", 0, 8, help="under sampling, draw candidates with the target's own noise from the probes' "
            "distribution sharpened by this factor (0 = off)"),
+    Option("skip_probe", "bool", help="leave out the root's probe in a step where its row costs more than its drafts "
+           "are expected to bring the next step (per-step sizing only; default: on on CPU)"),
 )
 
 
 def make(target, adapter=None, k: int | None = None, loop: str = "fused", branching=None, chains: int | None = None,
          prompt_lookup: int | None = None, shape: str | None = None, model_verifies: bool | None = None,
          token_id: int | None = None, dynamic: bool | None = None, calibration: str | None = None,
-         couple: float = 1.0) -> SDSATDrafter:
+         couple: float = 1.0, skip_probe: bool | None = None) -> SDSATDrafter:
     """An SDSAT drafter for `target`; each tree-shape option left out takes the device default (budget.TREE_SIZES:
-    k, chains, branching, shape, prompt_lookup)."""
+    k, chains, branching, shape, prompt_lookup, skip_probe)."""
     model_verifies = self_verifying(target) if model_verifies is None else bool(model_verifies)
     if model_verifies:
         token_id = PUBLISHED.get(target.name) if token_id is None else token_id
@@ -302,6 +325,7 @@ def make(target, adapter=None, k: int | None = None, loop: str = "fused", branch
     chains = int(dflt["chains"] if chains is None else chains)
     prompt_lookup = int(dflt["prompt_lookup"] if prompt_lookup is None else prompt_lookup)
     shape = shape or dflt["shape"]
+    skip_probe = bool(dflt["skip_probe"] if skip_probe is None else skip_probe)
     spec = adapter or default_artifact_dir(target)
     if isinstance(spec, (str, Path)):
         try:
@@ -319,7 +343,7 @@ def make(target, adapter=None, k: int | None = None, loop: str = "fused", branch
     dynamic, _ = default_sizing(target, "sdsat", dynamic)
     return SDSATDrafter(target, ad, k=k, loop=loop, branching=branching, chains=chains, prompt_lookup=prompt_lookup,
                         shape=shape, dynamic=dynamic, calibration=Path(calibration) if calibration else None,
-                        couple=float(couple))
+                        couple=float(couple), skip_probe=bool(skip_probe))
 
 
 def unavailable_reason(target) -> str | None:
