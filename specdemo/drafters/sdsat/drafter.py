@@ -170,7 +170,7 @@ class SDSATDrafter(Drafter):
 
     def _probe_yield(self) -> float:
         """Tokens a root probe's drafts are expected to add to the next step: the running mean of accepted
-        adaptive-token drafts per step that sent some (a prior of half a token over two steps to start)."""
+        adaptive-token drafts per step that sent some, starting from a prior of one token over two steps."""
         return (self._yield[0] + 1.0) / (self._yield[1] + 2.0)
 
     @property
@@ -201,7 +201,7 @@ class SDSATDrafter(Drafter):
         depth = tree.depths()
         n_draft = sum(1 for i in range(len(tree)) if not tree.is_probe(i))
         acc = verified.accepted_nodes
-        if any(src == ADAPTIVE.name for src in tree.sources):
+        if any(src == ADAPTIVE.name for src in tree.sources or ()):
             self._yield[0] += sum(tree.sources[i] == ADAPTIVE.name for i in acc)
             self._yield[1] += 1
         if n_draft:
