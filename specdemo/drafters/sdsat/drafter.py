@@ -157,10 +157,10 @@ class SDSATDrafter(Drafter):
             extra.append(sum(len(c) for o, c in chains.items() if o == -1 or o in kept))
         probs = [tree.scores[i] for i in order]
         root = len(chains.get(-1, ()))
-        bonus = self._probe_yield() if root and self.skip_probe else 0.0
-        n, rate = size_and_rate(probs, self.rel_cost, lambda m: extra[m], bonus)
+        weigh = self.skip_probe and root > 0  # weigh this step with and without the root's probe
+        n, rate = size_and_rate(probs, self.rel_cost, lambda m: extra[m], self._probe_yield() if weigh else 0.0)
         with_root = True
-        if self.skip_probe and root:
+        if weigh:
             n_alone, rate_alone = size_and_rate(probs, self.rel_cost, lambda m: extra[m] - root)
             if rate_alone > rate:
                 n, with_root = n_alone, False
@@ -201,7 +201,7 @@ class SDSATDrafter(Drafter):
         depth = tree.depths()
         n_draft = sum(1 for i in range(len(tree)) if not tree.is_probe(i))
         acc = verified.accepted_nodes
-        if any(src == ADAPTIVE.name for src in tree.sources or ()):
+        if self.skip_probe and any(src == ADAPTIVE.name for src in tree.sources or ()):  # what `_probe_yield` reads
             self._yield[0] += sum(tree.sources[i] == ADAPTIVE.name for i in acc)
             self._yield[1] += 1
         if n_draft:
