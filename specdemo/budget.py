@@ -250,15 +250,16 @@ def best_size(probs: Sequence[float], rel: dict[int, float], extra_nodes: Callab
 
 
 def size_and_rate(probs: Sequence[float], rel: dict[int, float], extra_nodes: Callable[[int], int] | None = None,
-                  bonus: float = 0.0) -> tuple[int, float]:
+                  bonus: float = 0.0, overhead: float = 0.0) -> tuple[int, float]:
     """`best_size`'s n and its rate, with `bonus` expected tokens that the riders bring beyond this step (SDSAT's
-    probe drafts the next one) added to every n's."""
+    probe drafts the next one) added to every n's, and `overhead` AR steps of other work (drafting) in every n's
+    cost."""
     extra = extra_nodes or (lambda n: 0)
     best, gain = 0, 1.0 + bonus
-    best_rate = gain / cost_at(rel, extra(0))  # no draft node: a plain step (cost 1) or the riders alone
+    best_rate = gain / (cost_at(rel, extra(0)) + overhead)  # no draft node: a plain step (cost 1) or the riders alone
     for n, p in enumerate(probs, start=1):
         gain += p
-        rate = gain / cost_at(rel, n + extra(n))
+        rate = gain / (cost_at(rel, n + extra(n)) + overhead)
         if rate > best_rate + 1e-9:
             best, best_rate = n, rate
     return best, best_rate

@@ -1,20 +1,6 @@
 """S4C drafter: three autoregressive draft heads over the target's features + the continuous verification tree.
 
-See `heads.py` beside this file for the model and our reading of the paper.  Options:
-    heads   -- folder or hub repo id of trained heads (default: the shipped heads for the embedded model)
-    tree    -- "s4c" (two top-1 chains, then top-k alternatives; default) | "chain" (one top-1 chain) |
-               "eagle" (EAGLE-2 style: expand the topk best nodes per depth, keep the budget best overall)
-    budget  -- max tree nodes (default per device: budget.TREE_SIZES; "auto": from this machine's verify cost curve)
-    topk    -- alternatives per position (default 3)
-    window  -- prompt tokens the heads attend over (default: their training crop, 160): they learnt on answers after
-               at most that much prompt, and a long prompt would cost a head pass over every token before a draft
-    precision -- "fp16" (default; through fbgemm, where the CPU has it), "bf16" or "fp32": what the heads' products
-               multiply with on the CPU (`cpu_linear.draft_weights`: the heads only draft; docs/s4c.md)
-    prompt_lookup -- NOT in the paper: graft a prompt-lookup continuation of up to N tokens onto the head tree (source
-               "prompt", counted in the budget).  Default 10 through `make`, chosen on HumanEval problems 100-119 and
-               ShareGPT tuning prompts (docs/s4c.md); `prompt_lookup=0` is pure S4C.
-    couple  -- under sampling, draw the candidates with the target's own noise from the heads' distribution
-               sharpened by this factor (`sampling.draft_candidates`); 0: their most probable tokens, as when greedy.
+See `heads.py` beside this file for the model and our reading of the paper, `mode.py` for the options.
 
 KV caches: each head keeps its own cache (the engine's preallocated KVCache) of committed positions, fed from the
 target features that `observe` receives; draft rows are appended for one layer call and cut off again (recomputing
@@ -25,33 +11,19 @@ Stats: `drafter.tally` (tree.DepthTally) counts, per depth, the steps whose head
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from specdemo.budget import (
-    GPU_BUDGET,
-    best_size,
-    calibrated_cost,
-    cut_to_cost,
-    default_sizing,
-    pick_budget,
-)
-from specdemo.cpu_linear import WEIGHTS
-from specdemo.drafters.contract import PROMPT, DrafterUnavailable, DraftSource, Knob, Option
+from specdemo.budget import best_size, calibrated_cost, cost_at, curve_sizes, cut_to_cost, verify_cost_curve
+from specdemo.drafters.contract import PROMPT, DraftSource
 from specdemo.drafters.pld import lookup_with_ngram_length
 from specdemo.drafters.s4c.draft_step import DraftScores, draft_step, varying_shape_attention
-from specdemo.drafters.s4c.heads import (  # noqa: F401  (unavailable_reason: the contract's, from heads.py)
-    TRAINED_PROMPT,
-    S4CArtifactError,
-    S4CHeads,
-    cached_heads,
-    default_heads,
-    missing_heads,
-    unavailable_reason,
-)
+from specdemo.drafters.s4c.head_calls import HeadCallPricing
+from specdemo.drafters.s4c.heads import S4CHeads, unavailable_reason  # noqa: F401  (the contract's, from heads.py)
 from specdemo.engine import DecodeState, Drafter, Verified
 from specdemo.kvcache import KVCache
 from specdemo.sampling import SamplingConfig, draft_candidates
@@ -93,7 +65,7 @@ class S4CDrafter(Drafter):
 
     def __init__(self, target: Target, heads: S4CHeads, tree: str = "s4c", budget: int = 15, topk: int = 3,
                  prompt_lookup: int = 0, dynamic: bool = False, calibration: Path | None = None, window: int = 0,
-                 couple: float = 1.0):
+                 couple: float = 1.0, price_calls: bool = True):
         if tree not in TREES:
             raise ValueError(f"s4c tree must be one of {', '.join(TREES)} (got {tree!r})")
         self.target, self.heads, self.tree_kind = target, heads, tree
@@ -107,6 +79,7 @@ class S4CDrafter(Drafter):
         # prefix that pays for its verification (budget.cut_to_cost); `budget` is then only a cap
         self.dynamic, self.calibration_path = bool(dynamic), calibration
         self.calibrator, self.rel_cost = None, None
+        self.price_calls, self.pricing = bool(price_calls), None
         self.tally = DepthTally(self.n_heads)
         self._last_depths: list[int] = []
         self._graft: tuple[int, list[int]] = (0, [])
@@ -115,6 +88,8 @@ class S4CDrafter(Drafter):
     def begin(self, state: DecodeState, prompt_hidden: torch.Tensor | None) -> None:
         t, d = self.target, self.heads.d
         self.calibrator, self.rel_cost = calibrated_cost(self.target, "s4c", state, self.dynamic, self.calibration_path)
+        self.pricing = None if self.rel_cost is None or not self.price_calls else \
+            HeadCallPricing(self.n_heads, verify_cost_curve(t, curve_sizes(t))[0])
         cap = len(state.tokens) + state.max_new_tokens + 8
         width = (len(self.feature_layers) + 1) * d  # the declared layers' states and the last one, side by side
         self.features = torch.zeros(cap, width, dtype=t.dtype, device=t.device)  # the target's feature f_t by position
@@ -140,6 +115,8 @@ class S4CDrafter(Drafter):
         h = verified.hidden
         self.features[self.n_features : self.n_features + len(h)] = h
         self.n_features += len(h)
+        if self.pricing is not None:
+            self.pricing.verified()
         self.tally.add(max(self._last_depths, default=0), len(verified.accepted_nodes))
 
     # ------------------------------------------------------------------ one head call
@@ -200,7 +177,7 @@ class S4CDrafter(Drafter):
     # ------------------------------------------------------------------ drafting
     @torch.no_grad()
     def propose(self, state: DecodeState) -> DraftTree:
-        self._last_depths = []
+        self._last_depths, self._started = [], time.perf_counter()
         n = len(state.tokens) - 1  # root position
         if self.n_features != n or n < 1:
             return DraftTree.empty()
@@ -264,6 +241,8 @@ class S4CDrafter(Drafter):
         the best `width` become nodes."""
         self._run_head(0, n, state.tokens, [])
         toks, lps = self._dist(state, self.head_outputs[0][n - 1 : n], [n + 1], max(self.topk, 2))
+        if self.pricing is not None:
+            self.pricing.saw(1, lps)
         return [_Node(tok, -1, 1, lp) for tok, lp in zip(toks[0], lps[0])][:width]
 
     def _deeper_may_pay(self, nodes: list[_Node], frontier: list[int], depth: int) -> bool:
@@ -280,7 +259,23 @@ class S4CDrafter(Drafter):
                                   [float(ngram_length)] * len(graft))
         bound = self.calibrator([_source(depth)], [depth], [max(raw[i] for i in frontier)])[0]
         above = sorted((x for x in scores if x > bound), reverse=True)[: self.budget]
-        return best_size(above + [bound] * (self.budget - len(above)), self.rel_cost) > len(above)
+        if best_size(above + [bound] * (self.budget - len(above)), self.rel_cost) <= len(above):
+            return False
+        return self.pricing is None or self.pricing.pays(scores, self._expected(raw, frontier, depth), self.rel_cost,
+                                                         self.budget, time.perf_counter() - self._started)
+
+    def _expected(self, raw: list[float], frontier: list[int], depth: int) -> list[list[float]]:
+        """The calibrated scores that heads depth..depth + j are expected to add, for each j: each frontier node's
+        candidates at their heads' mean probabilities, the chains going on from the first (HeadCallPricing)."""
+        k = 1 if self.tree_kind == "chain" else self.topk
+        probs, more, out = [raw[i] for i in frontier], [], []
+        for d in range(depth, self.n_heads + 1):
+            top = self.pricing.mean_top(d, k)
+            children = [p * t for p in probs for t in top]
+            more = more + self.calibrator([_source(d)] * len(children), [d] * len(children), children)
+            out.append(more)
+            probs = [p * top[0] for p in probs]
+        return out
 
     def _deeper_depths(self, state: DecodeState, n: int):
         """Depths 2..H, while head d - 1 has a committed position before the root and a node at depth d still fits
@@ -303,10 +298,14 @@ class S4CDrafter(Drafter):
             parent_outs = nodes[nodes[i].parent].outs if nodes[i].parent >= 0 else []
             bfeats = [self.head_outputs[h - 1][n - h]] + list(parent_outs)
             branches.append((btoks, bfeats))
+        start = time.perf_counter()
         _, outs = self._run_head(h, n, state.tokens, branches)
         for i, o in zip(frontier, outs):
             nodes[i].outs = o
         ctoks, clps = self._dist(state, torch.stack([o[-1] for o in outs]), [n + depth] * len(outs), self.topk)
+        if self.pricing is not None:
+            self.pricing.timed_call(time.perf_counter() - start)
+            self.pricing.saw(depth, clps)
         return list(zip(ctoks, clps))
 
     def _finish(self, state: DecodeState, nodes: list[_Node], vertical: set[int]) -> DraftTree:
@@ -324,6 +323,8 @@ class S4CDrafter(Drafter):
         if self.rel_cost is not None:
             tree = cut_to_cost(tree, self.rel_cost, max_nodes=self.budget)
             self._last_depths = [d for d, s in zip(tree.depths(), tree.sources) if s != PROMPT.name]
+        if self.pricing is not None:
+            self.pricing.sent(cost_at(self.rel_cost, len(tree)))
         return tree
 
     def _select(self, nodes: list[_Node], first: set[int], budget: int | None = None) -> DraftTree:
@@ -341,60 +342,3 @@ class S4CDrafter(Drafter):
         full = DraftTree([nd.token for nd in nodes], [nd.parent for nd in nodes], [_source(nd.depth) for nd in nodes],
                          None, [math.exp(nd.logp) for nd in nodes])
         return full.subtree(kept)
-
-
-OPTIONS = (
-    Option("heads", "path", help="trained draft heads: a folder or a hub id (default: the model's shipped heads)"),
-    Option("tree", "choice", choices=("s4c", "chain", "eagle"), help="tree shape (s4c = the paper's)"),
-    Option("budget", "int", 1, 256, special=("auto",), help="most draft nodes per step; 'auto' = from the cost curve"),
-    Option("topk", "int", 1, 16, help="candidates each head contributes"),
-    Option("window", "int", 0, 4096, help="prompt tokens the heads attend over (0 = all; default: their training crop)"),
-    Option("precision", "choice", choices=WEIGHTS, help="the heads' weights on the CPU (fp16, the default: fbgemm's "
-           "product, the fastest for a head call's few rows)"),
-    Option("prompt_lookup", "int", 0, 64, help="graft a prompt-lookup chain of up to this many tokens (0 = off)",
-           aliases=("context",)),
-    Option("dynamic", "bool", help="send per step the part of the tree that pays for its verification"),
-    Option("calibration", "path", special=("none",), help="a calibration file, or 'none' for raw scores"),
-    Option("couple", "float", 0, 8, help="sampling: draw with the target's noise, log-probs x this (0 = off)"),
-)
-
-
-def make(target: Target, heads: str | None = None, tree: str = "s4c", budget: int | str | None = None, topk: int = 3,
-         prompt_lookup: int = 10, dynamic: bool | None = None, calibration: str | None = None,
-         window: int | None = None, precision: str = "fp16", couple: float = 1.0) -> S4CDrafter:
-    """An S4C drafter for `target` (see the module docstring for the options); tree sizes left unset come from
-    budget.TREE_SIZES."""
-    dynamic, budget = default_sizing(target, "s4c", dynamic, budget)
-    source = heads or default_heads(target)
-    if source is None or (isinstance(source, Path) and not (source / "model.safetensors").exists()):
-        raise DrafterUnavailable(missing_heads(target))
-    try:
-        loaded = cached_heads(target, str(source), weights=str(precision))
-    except S4CArtifactError as exc:
-        raise DrafterUnavailable(str(exc)) from exc
-    if budget == "auto":
-        budget = _auto_budget(target)
-        topk = max(int(topk), -(-budget // (2 * loaded.n_heads - 1)))  # an s4c tree holds (2H - 1) * topk nodes
-    if window is None:
-        window = loaded.config.get("training", {}).get("max_prompt", TRAINED_PROMPT)
-    return S4CDrafter(target, loaded, tree=str(tree), budget=int(budget), topk=int(topk),
-                      prompt_lookup=int(prompt_lookup), dynamic=dynamic,
-                      calibration=Path(calibration) if calibration else None, window=int(window), couple=float(couple))
-
-
-# tau of the s4c tree by node budget on the embedded model with the shipped heads (`specdemo acceptance`, greedy)
-EXPECTED_TAU = {1: 1.45, 3: 1.75, 6: 2.0, 9: 2.15, 12: 2.25, 15: 2.3}
-
-
-def _auto_budget(target: Target) -> int:
-    """The node budget from this machine's measured verification cost curve (specdemo.budget); 64 on GPUs."""
-    if target.device.type != "cpu":
-        return GPU_BUDGET
-    return max(3, int(pick_budget(target, EXPECTED_TAU, sizes=(0, 1, 2, 4, 8, 12, 16))))
-
-
-KNOBS = (
-    Knob("s4c", "budget", "Tree budget", 0, 64, 0, "draft nodes per step · 0 = device default (CPU: up to 16, "
-         "sized per step; GPU: 15)", zero_keeps_default=True),
-    Knob("s4c", "topk", "Top-k per head", 1, 8, 3, "candidates each head contributes"),
-)
