@@ -249,7 +249,9 @@ class S4CDrafter(Drafter):
         """Whether a node at `depth` or deeper could survive this step's cut (budget.cut_to_cost).  Such a node's
         calibrated acceptance is at most its head's table at the best frontier path's probability (paths only lose
         probability; the tables are isotonic), so a budget of such nodes beside the tree so far and the graft bounds
-        every deeper tree: when even they are cut, the head calls are skipped.  Fixed trees run every head."""
+        every deeper tree: when even they are cut, the head calls are skipped.  Past the bound, with `price_calls`,
+        the calls must also pay for themselves (head_calls.py: the nodes they are expected to add against the calls'
+        time).  Fixed trees run every head."""
         if self.rel_cost is None:
             return True
         raw = [math.exp(nd.logp) for nd in nodes]
