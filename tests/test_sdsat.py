@@ -19,6 +19,7 @@ from specdemo.drafters.sdsat.adapter import (
     load_adapter,
 )
 from specdemo.drafters.sdsat.drafter import SDSATDrafter
+from specdemo.drafters.sdsat.probe_cost import PRIOR_STEPS, PRIOR_YIELD, ProbePricing
 from specdemo.engine import GenerationConfig, run_to_end
 from specdemo.verify import tree_forward
 from specdemo.kvcache import KVCache
@@ -382,9 +383,13 @@ def test_skip_probe_leaves_out_a_root_probe_that_does_not_pay(tiny_llama):
     dear = {0: 1.0, 1: 2.0, 2: 2.05, 3: 2.1, 4: 3.0, 8: 4.0}
     flat = {0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0, 8: 1.0}
 
-    def tree(skip: bool, rel: dict[int, float]) -> DraftTree:
+    def tree(skip: bool, rel: dict[int, float], probe_overhead: float = 0.0) -> DraftTree:
         d = make(t, adapter=_noisy_adapter(t), calibration="none", prompt_lookup=0, skip_probe=skip)
         d.rel_cost = rel
+        if skip:  # what `begin` sets up; a probe step measured to take `probe_overhead` AR steps beyond its price
+            steps = 2 ** 20  # so many that the prior does not count
+            d.probe_pricing = ProbePricing(rel, 0.01, probe_seconds=0.01 * steps * (1 + probe_overhead),
+                                           probe_price=float(steps), probe_steps=steps)
         d._pending, d._pending_p = [[100, 101]], [[0.3, 0.1]]  # two depth-1 candidates from the last step's probe
         return d.propose(type("S", (), {"tokens": [1, 2, 3]})())
 
@@ -392,8 +397,9 @@ def test_skip_probe_leaves_out_a_root_probe_that_does_not_pay(tiny_llama):
         return sum(tr.is_probe(i) for i in range(len(tr)))
 
     assert len(tree(False, dear)) == 3 and probes(tree(False, dear)) == 1  # without it the root's probe always rides
-    assert len(tree(True, dear)) == 0  # 1.9 expected tokens for 2.1 steps' cost: a plain step pays more
+    assert len(tree(True, dear)) == 0  # 1.65 expected tokens for 2.1 steps' cost: a plain step pays more
     assert len(tree(True, flat)) == 3 and probes(tree(True, flat)) == 1
+    assert len(tree(True, flat, probe_overhead=0.5)) == 2  # a probe measured dear in place gives way
 
     class DearRows(SDSATDrafter):
         def begin(self, state, prompt_hidden) -> None:
@@ -406,6 +412,39 @@ def test_skip_probe_leaves_out_a_root_probe_that_does_not_pay(tiny_llama):
     out, events = run_to_end(t, prompt, DearRows(t, _noisy_adapter(t), k=1, branching="2,1", skip_probe=True), cfg)
     assert out == ref
     assert any(not any(ev.tree.is_probe(i) for i in range(len(ev.tree))) for ev in events[1:])
+
+
+def test_probe_pricing_measures_what_a_probe_costs_and_brings_in_place(monkeypatch):
+    """The probe's overhead is what its steps took beyond the curve's price, in the plain steps' AR step; its yield is
+    counted over every step after a probe, net of its drafts' rows at the request's pace."""
+    from specdemo.drafters.sdsat import probe_cost
+
+    clock = [0.0]
+    monkeypatch.setattr(probe_cost.time, "perf_counter", lambda: clock[0])
+    rel = {0: 1.0, 1: 1.5, 2: 1.5, 3: 1.5, 4: 2.0}
+    p = ProbePricing(rel, unit_seconds=0.010)
+
+    def step(nodes: int, probe: bool, seconds: float, committed: int = 1, drafted: int = 0, accepted: int = 0):
+        p.sent(nodes, probe)
+        clock[0] += seconds
+        p.verified(committed, drafted, accepted)
+
+    step(0, False, 1.0)  # the first verification after the prefill is not timed
+    assert p.unit_seconds == 0.010 and p.overhead == 0.5  # before a probe is timed: one more row's price
+    for _ in range(30):
+        step(0, False, 0.020)  # in place an AR step takes 20 ms, not the curve's 10
+    assert p.unit_seconds == pytest.approx(0.020, rel=1e-3)
+    step(1, True, 0.030)  # 1.5 AR steps for a price of 1.5: nothing beyond it
+    assert p.overhead == pytest.approx(0.5 * PRIOR_STEPS / (1 + PRIOR_STEPS), rel=1e-2)
+    assert p.net_yield == PRIOR_YIELD  # the step after this probe is not verified yet
+    pace = p.tokens / p.price
+    step(3, False, 0.030, committed=2, drafted=2, accepted=1)  # its 2 drafts cost nothing over the 1-node tree's price
+    step(1, True, 0.040)
+    step(0, False, 0.020)  # this probe's drafts were not sent: it brought nothing
+    assert p.net_yield == pytest.approx((1.0 + 0.0 + PRIOR_STEPS * PRIOR_YIELD) / (2 + PRIOR_STEPS))
+    step(1, True, 0.040)
+    step(4, False, 0.040, committed=2, drafted=1, accepted=1)  # its draft moved the tree up a stair: 0.5 AR steps
+    assert p.yield_sum == pytest.approx(1.0 + 1.0 - 0.5 * p.tokens / p.price) and pace > 0
 
 
 def test_default_tree_grafts_prompt_lookup_scored_by_ngram_length(tiny_llama):

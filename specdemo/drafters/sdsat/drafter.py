@@ -26,7 +26,8 @@ from pathlib import Path
 
 import torch
 
-from specdemo.budget import calibrated_cost, default_sizing, size_and_rate, tree_size
+from specdemo.budget import (calibrated_cost, curve_sizes, default_sizing, size_and_rate, tree_size,
+                             verify_cost_curve)
 from specdemo.drafters.contract import PROMPT, DrafterUnavailable, DraftSource, Knob, Option
 from specdemo.drafters.pld import lookup_with_ngram_length
 from specdemo.drafters.sdsat.adapter import (
@@ -37,6 +38,7 @@ from specdemo.drafters.sdsat.adapter import (
     mismatch,
     train_command,
 )
+from specdemo.drafters.sdsat.probe_cost import ProbePricing
 from specdemo.engine import DecodeState, Drafter, Verified
 from specdemo.sampling import SamplingConfig, draft_candidates
 from specdemo.tree import DepthTally, DraftTree, TreeBuffers
@@ -75,10 +77,10 @@ class SDSATDrafter(Drafter):
         # under sampling, the probes' candidates are drawn with the noise the target's tokens will be drawn with, from
         # their distribution sharpened by `couple` (sampling.draft_candidates); 0: their most probable tokens
         self.couple = float(couple)
-        # skip_probe: a step may leave out the root's probe when its row costs more than the tokens its drafts bring
-        # the next step (their running mean, `_probe_yield`); with dynamic sizing only
+        # skip_probe: a step may leave out the root's probe when it costs more than its drafts bring the next step,
+        # both measured in the request (probe_cost.py); with dynamic sizing only
         self.skip_probe = bool(skip_probe)
-        self._yield = [0.0, 0.0]  # accepted adaptive-token drafts, steps that sent some
+        self.probe_pricing: ProbePricing | None = None
         self.masked_rows = target.device.type == "cuda"  # the graph-safe hooks (every row, probe rows from masks)
         self.reset_stats()
         self._pending: list[list[int]] | None = None
@@ -91,9 +93,11 @@ class SDSATDrafter(Drafter):
     # ------------------------------------------------------------------ engine interface
     def begin(self, state: DecodeState, prompt_hidden) -> None:
         self._pending = self._pending_p = None
-        self._yield = [0.0, 0.0]
         self.calibrator, self.rel_cost = calibrated_cost(state.target, "sdsat", state, self.dynamic,
                                                          self.calibration_path)
+        t = state.target
+        self.probe_pricing = ProbePricing(self.rel_cost, verify_cost_curve(t, curve_sizes(t))[0]) \
+            if self.skip_probe and self.rel_cost is not None else None
 
     def propose(self, state: DecodeState) -> DraftTree:
         ranked = self._pending or []
@@ -157,21 +161,19 @@ class SDSATDrafter(Drafter):
             extra.append(sum(len(c) for o, c in chains.items() if o == -1 or o in kept))
         probs = [tree.scores[i] for i in order]
         root = len(chains.get(-1, ()))
-        weigh = self.skip_probe and root > 0  # weigh this step with and without the root's probe
-        n, rate = size_and_rate(probs, self.rel_cost, lambda m: extra[m], self._probe_yield() if weigh else 0.0)
-        with_root = True
-        if weigh:
+        pricing = self.probe_pricing if root > 0 else None  # weigh this step with and without the root's probe
+        n, rate = size_and_rate(probs, self.rel_cost, lambda m: extra[m], pricing.net_yield if pricing else 0.0,
+                                pricing.overhead if pricing else 0.0)
+        with_root = root > 0
+        if pricing:
             n_alone, rate_alone = size_and_rate(probs, self.rel_cost, lambda m: extra[m] - root)
             if rate_alone > rate:
                 n, with_root = n_alone, False
         keep = set(order[:n])
         keep |= {i for o, c in chains.items() if (o == -1 and with_root) or o in keep for i in c}
+        if self.probe_pricing is not None:
+            self.probe_pricing.sent(len(keep), with_root)
         return tree.subtree(sorted(keep))
-
-    def _probe_yield(self) -> float:
-        """Tokens a root probe's drafts are expected to add to the next step: the running mean of accepted
-        adaptive-token drafts per step that sent some, starting from a prior of one token over two steps."""
-        return (self._yield[0] + 1.0) / (self._yield[1] + 2.0)
 
     @property
     def graph_key(self) -> tuple | None:
@@ -201,9 +203,9 @@ class SDSATDrafter(Drafter):
         depth = tree.depths()
         n_draft = sum(1 for i in range(len(tree)) if not tree.is_probe(i))
         acc = verified.accepted_nodes
-        if self.skip_probe and any(src == ADAPTIVE.name for src in tree.sources or ()):  # what `_probe_yield` reads
-            self._yield[0] += sum(tree.sources[i] == ADAPTIVE.name for i in acc)
-            self._yield[1] += 1
+        if self.probe_pricing is not None:
+            drafted = [i for i in range(len(tree)) if tree.sources and tree.sources[i] == ADAPTIVE.name]
+            self.probe_pricing.verified(len(verified.tokens), len(drafted), sum(i in acc for i in drafted))
         if n_draft:
             st["forwards_with_draft"] += 1
             self.tally.add(max(depth[i] for i in range(len(tree)) if not tree.is_probe(i)), len(acc))
