@@ -36,7 +36,7 @@ class ProbePricing:
     probe_steps: int = 0
     tokens: float = 0.0  # Σ tokens every step committed, and Σ the curve's price of the trees they verified:
     price: float = 0.0  # the request's pace in tokens per AR step
-    yield_sum: float = 0.0  # Σ over the steps after a probe's of the net tokens its drafts brought (0: none sent)
+    yield_sum: float = 0.0  # Σ over the steps after a probe step of the net tokens its drafts brought (0: none sent)
     yield_steps: int = 0
     _after_probe: bool = field(default=False, init=False)  # the step verified last sent the root's probe
     _sent: tuple[float, int, bool] | None = field(default=None, init=False)  # (when, nodes, with a probe)
