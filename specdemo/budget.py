@@ -225,6 +225,16 @@ def cost_at(rel: dict[int, float], n: int) -> float:
     return interpolate(rel, n, extrapolate=True)
 
 
+STEP_WEIGHT = 0.2  # each timed verification's share in a drafter's running AR step (the step drifts with the context)
+
+
+def running_step_seconds(step_seconds: float, seconds: float, price: float) -> float:
+    """A drafter's running estimate of an AR step's seconds in place, after a verification priced at `price` AR steps
+    by the cost curve took `seconds`: the curve's fastest timing at one context is where it starts, and a request's
+    steps drift from it with the context and the machine."""
+    return step_seconds + STEP_WEIGHT * (seconds / price - step_seconds)
+
+
 def pick_budget(target, expected_tau_by_size: dict[int, float], sizes=DEFAULT_SIZES) -> int:
     """The node budget that maximises expected tokens per unit of cost: 64 on GPUs (as in REST); on CPU the argmax
     over measured sizes of expected_tau(n) / relative_cost(n).  Ties go to the smaller tree."""

@@ -17,10 +17,9 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from specdemo.budget import size_and_rate
+from specdemo.budget import running_step_seconds, size_and_rate
 
 PRIOR_ROWS = 4  # a deeper head's candidate probabilities start as head 1's, worth this many rows of its own
-STEP_WEIGHT = 0.2  # each verification's share in the running AR step (a step's pace drifts with the context)
 
 
 @dataclass
@@ -72,7 +71,7 @@ class HeadCallPricing:
         """The tree sent last has been verified: its seconds per AR step join the running estimate."""
         if self._sent is not None:
             start, cost = self._sent
-            self.step_seconds += STEP_WEIGHT * ((time.perf_counter() - start) / cost - self.step_seconds)
+            self.step_seconds = running_step_seconds(self.step_seconds, time.perf_counter() - start, cost)
             self._sent = None
 
     def pays(self, now: list[float], expected: list[list[float]], rel: dict[int, float], budget: int,

@@ -18,11 +18,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from specdemo.budget import cost_at
+from specdemo.budget import cost_at, running_step_seconds
 
 PRIOR_STEPS = 2.0  # the estimates start at their priors with the weight of this many steps: one step is noise
 PRIOR_YIELD = 0.25  # net tokens a probe's drafts bring the next step, before any is seen
-STEP_WEIGHT = 0.2  # each plain verification's share in the running seconds of an AR step (the context grows)
 
 
 @dataclass
@@ -85,5 +84,5 @@ class ProbePricing:
             self.probe_price += price
             self.probe_steps += 1
         else:
-            self.unit_seconds += STEP_WEIGHT * (seconds / price - self.unit_seconds)
+            self.unit_seconds = running_step_seconds(self.unit_seconds, seconds, price)
 
