@@ -81,6 +81,7 @@ class _KeyBlockCall:
     length: int  # keys read, in whole blocks (kvcache.whole_blocks)
     mask: torch.Tensor  # (rows, 1, 1, length): 0 over each row's own keys, -inf after them
     order: torch.Tensor | slice  # the rows' queries, as an index
+    stacked_mask: torch.Tensor | None = None  # `mask` as `_stacked_call` hands it over, made on first use
 
 
 def _index_pair(moves: list[tuple[int, int]], past: int, device: torch.device
@@ -187,10 +188,9 @@ def row_exact_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     the last rows where `tree.TreeBuffers.attention_mask` marks them) are never accepted and their outputs only draft,
     so they need no one-token bits: they go through one masked call over every key, before the moves.
 
-    Every call reads its keys in whole blocks (`kvcache.SLOT_BLOCK`), the keys past a row's own masked.  Where the
-    flash kernel computes each (batch, head) pair alone (`batches_are_exact` checks it on this machine), the rows of a
-    path whose contexts fill the same blocks go through one call as a batch over the same keys (`expand`, no copy) and
-    still get the bits of their one-token calls, which read the same blocks; elsewhere each row makes its own call.
+    Every call reads its keys in whole blocks (`kvcache.SLOT_BLOCK`), the keys past a row's own masked, so the rows of
+    a path whose contexts fill the same blocks can share one call and keep the bits of their one-token calls, which
+    read the same blocks (`_block_call`: stacked as query rows, or as a batch, where this machine's kernel allows).
     From GROUPED_FROM keys on, every such call, a one-token step's included, hands the kernel a row's query heads as
     rows of the key head they share (`_exact_call`): a key head read once per row, not once per query head
     (docs/precision.md; tests/test_cpu_attention.py checks the bits)."""
@@ -236,15 +236,45 @@ def row_exact_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
 
 def _block_call(rows_first: torch.Tensor, key: torch.Tensor, value: torch.Tensor, call: _KeyBlockCall,
                 scaling: float | None) -> torch.Tensor:
-    """`call`'s rows (queries `rows_first`: one batch entry per row) over the keys in its whole blocks: one kernel
-    call with the keys shared by the rows (`expand`, no copy) where this machine's kernel gives a batch's rows the
-    bits of their one-row calls (`batches_are_exact`), else one call per row; (rows, heads, 1, dim)."""
+    """`call`'s rows (queries `rows_first`: one batch entry per row) over the keys in its whole blocks, in the
+    cheapest form this machine's kernel gives them the bits of their one-row calls in: the rows' queries side by side
+    in one (batch, head) per head (`_stacked_call`, where `rows_stack_exactly`), the rows as a batch over the keys
+    shared by `expand` (where `batches_are_exact`), else one call per row; (rows, heads, 1, dim)."""
     keys, values = _block_keys(key, call.length), _block_keys(value, call.length)
     queries, rows = rows_first[call.order], len(call.rows)
-    if rows == 1 or batches_are_exact(torch.get_num_threads(), *queries.shape[1:], keys.shape[1]):
+    shape = (torch.get_num_threads(), *queries.shape[1:], keys.shape[1])
+    if rows > 1 and rows_stack_exactly(*shape):
+        return _stacked_call(queries, keys, values, call, scaling)
+    if rows == 1 or batches_are_exact(*shape):
         return _exact_call(queries, keys, values, call.mask, scaling)
     return torch.cat([_exact_call(queries[i : i + 1], keys, values, call.mask[i : i + 1], scaling)
                       for i in range(rows)])
+
+
+def _stacked_call(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, call: _KeyBlockCall,
+                  scaling: float | None) -> torch.Tensor:
+    """`call`'s rows in one kernel call whose (batch, head) pairs are `_exact_call`'s, each holding every row's
+    queries for that head side by side, each query row masked to its own row's keys; (rows, heads, 1, dim).
+
+    Why: the batch form reads the keys once per row and head, and at bf16 and int4 the keys and values come cold
+    into a step (the weights stream through the caches between one step's attention call and the next's): a
+    three-node chain over 256 keys took 160 µs a layer that way and 117 µs this way, 266 against 155 µs over 704 keys
+    (2-core Intel Xeon, caches flushed, a one-off timing).  The flash kernel computes each query row of a (batch,
+    head) on its own, so a row keeps the bits of its one-token call, where the same row stands alone or with that
+    head's other query heads (`rows_stack_exactly` checks it on this machine)."""
+    rows, heads, _, dim = queries.shape
+    kv_heads, length = keys.shape[1], keys.shape[2]
+    per_head = _query_rows(heads, kv_heads, length)
+    if call.stacked_mask is None:  # the plan, and so the call, serves every layer of the step
+        mask = call.mask.reshape(rows, 1, length).expand(rows, per_head, length)
+        call.stacked_mask = mask.reshape(1, 1, rows * per_head, length).contiguous()
+    if per_head == 1:  # one query per head: the rows are the query rows of each head
+        out = F.scaled_dot_product_attention(queries.transpose(0, 2), keys, values, attn_mask=call.stacked_mask,
+                                             scale=scaling, enable_gqa=True)
+        return out.transpose(0, 2)
+    stacked = queries.reshape(rows, kv_heads, per_head, dim).transpose(0, 1).reshape(1, kv_heads, rows * per_head, dim)
+    out = F.scaled_dot_product_attention(stacked, keys, values, attn_mask=call.stacked_mask, scale=scaling)
+    return out.reshape(kv_heads, rows, per_head, dim).transpose(0, 1).reshape(rows, heads, 1, dim)
 
 
 def _exact_call(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
@@ -298,6 +328,30 @@ def batches_are_exact(threads: int, heads: int, queries: int, dim: int, kv_heads
             mask[1:, ..., length - 3 :] = float("-inf")
             batch = _exact_call(q, k, v, mask, None)
             if any(not torch.equal(batch[i : i + 1], _exact_call(q[i : i + 1], k, v, mask[i : i + 1], None))
+                   for i in range(rows)):
+                return False
+    return True
+
+
+@lru_cache(maxsize=16)
+def rows_stack_exactly(threads: int, heads: int, queries: int, dim: int, kv_heads: int) -> bool:
+    """Whether torch's CPU flash kernel, at `threads` threads, gives each row of `_stacked_call` the bits of its own
+    one-token call (`_exact_call`), in both forms (one query per head, and a key head's query heads as its rows).
+    The kernel multiplies a (batch, head)'s query rows as one matrix; where its product's result for a row depended
+    on how many rows stand beside it, this would fail and the rows keep the batch form.  Checked once per thread count
+    and shape on random queries over key lengths of both forms with masked tails, as a step's calls are, in every
+    number of rows a call can have."""
+    if queries != 1:
+        return False
+    g = torch.Generator().manual_seed(1)
+    for length in (8, 64, 680, 2056):
+        k, v = (torch.randn(1, kv_heads, length, dim, generator=g) for _ in range(2))
+        for rows in range(2, SLOT_BLOCK + 1):
+            q = torch.randn(rows, heads, 1, dim, generator=g)
+            mask = torch.cat([_tail_mask(length - rows + 1 + i, length, torch.float32) for i in range(rows)])
+            call = _KeyBlockCall(list(range(rows)), length, mask, slice(0, rows))
+            got = _stacked_call(q, k, v, call, None)
+            if any(not torch.equal(got[i : i + 1], _exact_call(q[i : i + 1], k, v, mask[i : i + 1], None))
                    for i in range(rows)):
                 return False
     return True

@@ -39,15 +39,18 @@ def _cached(keys: torch.Tensor, values: torch.Tensor, room: int = 0) -> tuple[to
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("batched", ["as-this-machine-allows", "never"])
+@pytest.mark.parametrize("form", ["as-this-machine-allows", "batched", "one-call-per-row"])
 @pytest.mark.parametrize("seed", range(4))
-def test_every_tree_row_equals_a_one_token_step_bit_for_bit(seed, batched, monkeypatch):
+def test_every_tree_row_equals_a_one_token_step_bit_for_bit(seed, form, monkeypatch):
     """Random trees (chains, side branches, root-only) after random context lengths (some crossing a key block), from
     the cache's block views and from padded copies: each row's output equals the one-token call over its own context
     and ancestors, bitwise; a kernel whose result for a row depends on the other rows, on how many keys are masked or
-    on what lies behind the keys fails this.  Both ways of calling the kernel for a path's rows: in batches where
-    this machine's kernel keeps their bits (`batches_are_exact`), and one call per row."""
-    if batched == "never":
+    on what lies behind the keys fails this.  Every way of calling the kernel for a path's rows: their queries stacked
+    in one call (`rows_stack_exactly`) or in batches (`batches_are_exact`) where this machine's kernel keeps their
+    bits, and one call per row."""
+    if form != "as-this-machine-allows":
+        monkeypatch.setattr(cpu_attention, "rows_stack_exactly", lambda *shape: False)
+    if form == "one-call-per-row":
         monkeypatch.setattr(cpu_attention, "batches_are_exact", lambda *shape: False)
     rng = random.Random(seed)
     torch.manual_seed(seed)
@@ -129,3 +132,24 @@ def test_importing_specdemo_makes_batched_rows_exact():
     env["MKL_CBWR"] = "COMPATIBLE"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.split()[0] == "COMPATIBLE"
+
+
+@torch.no_grad()
+def test_stacked_rows_keep_their_one_token_bits_where_the_check_says_so():
+    """`rows_stack_exactly` is a real check: on this machine's kernel it agrees with a direct comparison of stacked
+    rows against their one-token calls in both forms of the call (below and from GROUPED_FROM keys), and a tree's
+    rows take the stacked form only where it holds (the forms give the same values to float rounding either way)."""
+    torch.manual_seed(3)
+    holds = cpu_attention.rows_stack_exactly(torch.get_num_threads(), 9, 1, 64, 3)
+    same = True
+    for length in (40, 304):
+        k, v = torch.randn(1, 3, length, 64), torch.randn(1, 3, length, 64)
+        q = torch.randn(5, 9, 1, 64)
+        mask = torch.cat([cpu_attention._tail_mask(length - 4 + i, length, torch.float32) for i in range(5)])
+        call = cpu_attention._KeyBlockCall(list(range(5)), length, mask, slice(0, 5))
+        got = cpu_attention._stacked_call(q, k, v, call, 0.125)
+        ones = torch.cat([cpu_attention._exact_call(q[i : i + 1], k, v, mask[i : i + 1], 0.125) for i in range(5)])
+        torch.testing.assert_close(got, ones, atol=1e-6, rtol=1e-6)
+        same &= torch.equal(got, ones)
+    assert same or not holds
+
