@@ -319,18 +319,13 @@ def batches_are_exact(threads: int, heads: int, queries: int, dim: int, kv_heads
     last bits; elsewhere (the 2-core Intel Xeon with AMX) it never did.  Checked once per thread count and shape on
     random queries over several key lengths with masked tails, as a step's calls are, in every batch size a call can
     have (a call's rows fill the same key blocks, so there are at most SLOT_BLOCK of them)."""
-    g = torch.Generator().manual_seed(0)
-    for length in (8, 64, 680, 2056):
-        k, v = (torch.randn(1, kv_heads, length, dim, generator=g) for _ in range(2))
-        for rows in range(2, SLOT_BLOCK + 1):
-            q = torch.randn(rows, heads, queries, dim, generator=g)
-            mask = torch.zeros(rows, 1, 1, length)
-            mask[1:, ..., length - 3 :] = float("-inf")
-            batch = _exact_call(q, k, v, mask, None)
-            if any(not torch.equal(batch[i : i + 1], _exact_call(q[i : i + 1], k, v, mask[i : i + 1], None))
-                   for i in range(rows)):
-                return False
-    return True
+    def tails(rows: int, length: int) -> torch.Tensor:  # the first row sees every key, the others all but 3
+        mask = torch.zeros(rows, 1, 1, length)
+        mask[1:, ..., length - 3 :] = float("-inf")
+        return mask
+
+    return _rows_keep_their_bits(lambda q, k, v, mask: _exact_call(q, k, v, mask, None), tails,
+                                 (heads, queries, dim, kv_heads), seed=0)
 
 
 @lru_cache(maxsize=16)
@@ -341,16 +336,28 @@ def rows_stack_exactly(threads: int, heads: int, queries: int, dim: int, kv_head
     on how many rows stand beside it, this would fail and the rows keep the batch form.  Checked once per thread count
     and shape on random queries over key lengths of both forms with masked tails, as a step's calls are, in every
     number of rows a call can have."""
-    if queries != 1:
-        return False
-    g = torch.Generator().manual_seed(1)
+    def tails(rows: int, length: int) -> torch.Tensor:  # every row its own number of keys, as along a chain
+        return torch.cat([_tail_mask(length - rows + 1 + i, length, torch.float32) for i in range(rows)])
+
+    def stacked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return _stacked_call(q, k, v, _KeyBlockCall(list(range(len(q))), k.shape[2], mask, slice(0, len(q))), None)
+
+    return queries == 1 and _rows_keep_their_bits(stacked, tails, (heads, queries, dim, kv_heads), seed=1)
+
+
+def _rows_keep_their_bits(form, masks, shape: tuple[int, int, int, int], seed: int) -> bool:
+    """Whether `form(q, k, v, mask)`, a call for rows (rows, heads, queries, dim) over shared keys, gives every row
+    the bits of its own one-token call (`_exact_call`), on random data over key lengths of both call forms (below and
+    from GROUPED_FROM keys) and every number of rows a call can have (at most SLOT_BLOCK: a call's rows fill the same
+    key blocks), each with the masks `masks(rows, length)`.  `shape`: (heads, queries, dim, kv heads)."""
+    heads, queries, dim, kv_heads = shape
+    g = torch.Generator().manual_seed(seed)
     for length in (8, 64, 680, 2056):
         k, v = (torch.randn(1, kv_heads, length, dim, generator=g) for _ in range(2))
         for rows in range(2, SLOT_BLOCK + 1):
-            q = torch.randn(rows, heads, 1, dim, generator=g)
-            mask = torch.cat([_tail_mask(length - rows + 1 + i, length, torch.float32) for i in range(rows)])
-            call = _KeyBlockCall(list(range(rows)), length, mask, slice(0, rows))
-            got = _stacked_call(q, k, v, call, None)
+            q = torch.randn(rows, heads, queries, dim, generator=g)
+            mask = masks(rows, length)
+            got = form(q, k, v, mask)
             if any(not torch.equal(got[i : i + 1], _exact_call(q[i : i + 1], k, v, mask[i : i + 1], None))
                    for i in range(rows)):
                 return False
