@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
+
+from specdemo import hub
 
 # The config fields a draft artifact's shapes and positions depend on.
 ARCHITECTURE_KEYS = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -36,13 +37,15 @@ def resolve_dir(source: str | Path, needs: tuple[str, ...], what: str, error: ty
         return p
     if p.exists() or str(source).startswith((".", "/", "~")) or str(source).count("/") != 1:
         raise error(f"{what} '{source}' not found: not a local folder and not a hub repo id (owner/name). {hint}")
+    local = hub.local_only()  # no hub to ask: the local hub cache only, at once
     try:
         from huggingface_hub import snapshot_download
 
-        return Path(snapshot_download(repo_id=str(source), allow_patterns=["*.json", "*.safetensors", "*.md"]))
+        return Path(snapshot_download(repo_id=str(source), allow_patterns=["*.json", "*.safetensors", "*.md"],
+                                      local_files_only=local))
     except Exception as exc:
-        offline = os.environ.get("HF_HUB_OFFLINE") == "1"
-        why = "the hub cannot be reached (offline)" if offline else "it could not be downloaded from the hub"
+        why = ("the hub cannot be reached (offline) and it is not in the local hub cache" if local
+               else "it could not be downloaded from the hub")
         raise error(f"{what} '{source}' is not a local folder and {why} ({type(exc).__name__}: {str(exc)[:200]}). "
                     f"Pass a local folder instead.") from exc
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from specdemo import hub
 from specdemo.cpu_attention import use_grouped_kv_attention
 from specdemo.prefill import Bf16Prefill
 from specdemo.step_decoder import StepDecoder, unsupported_reason
@@ -301,29 +302,29 @@ def load_target(name: str = EMBEDDED, device: str | None = None, dtype: str | No
             path, label = str(embedded_dir()), EMBEDDED
     else:
         path, label = name, name
+    local = not Path(path).expanduser().exists() and hub.local_only()  # a hub id, and no hub to ask: the cache only
     dev, dt = pick_device_dtype(device, dtype)
-    n_params = _param_count(path) if dev.type == "cuda" else None
+    n_params = _param_count(path, local) if dev.type == "cuda" else None
     if n_params is not None:
         dev, dt = pick_device_dtype(device, dtype, n_params)
-    kwargs: dict = dict(dtype=dt, trust_remote_code=False)
+    kwargs: dict = dict(dtype=dt, trust_remote_code=False, local_files_only=local,
+                        adapter_kwargs={"local_files_only": local})  # its PEFT-adapter lookup asks on its own
     if n_params is not None and n_params * torch.finfo(dt).bits // 8 > 0.85 * torch.cuda.mem_get_info(dev)[0]:
         kwargs["device_map"] = "auto"  # the weights will not fit on one GPU: accelerate spreads them
     try:
-        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False, local_files_only=local)
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except (OSError, ValueError, KeyError) as exc:
-        offline = os.environ.get("HF_HUB_OFFLINE") == "1"
         if name != EMBEDDED and Path(path).expanduser().exists():
             hint = "that local path is not a model folder (one holds config.json, the weights and a tokenizer)"
-        elif offline or "offline" in str(exc).lower() or "connect" in str(exc).lower():
-            hint = "it is not a local path and the hub cannot be reached (offline)"
+        elif local or "offline" in str(exc).lower() or "connect" in str(exc).lower():
+            hint = "it is not a local path, the hub cannot be reached (offline) and it is not in the local hub cache"
         else:
             hint = "it is neither a local model folder nor a causal-LM repo id on the hub"
         raise ModelLoadError(f"Cannot load model '{name}': {hint}. ({type(exc).__name__}: {str(exc)[:300]})") from exc
     if "device_map" not in kwargs:
         model.to(dev)
-    model.eval()
-    model.requires_grad_(False)
+    model.eval().requires_grad_(False)
     packed, weights_note = _cpu_setup(model, dev, name if label == EMBEDDED else "", precision)
     eos = set()
     for src in (model.generation_config.eos_token_id, tok.eos_token_id):
@@ -362,13 +363,13 @@ def find_spec_missing(mod: str) -> bool:
     return importlib.util.find_spec(mod) is None
 
 
-def _param_count(path: str) -> int | None:
+def _param_count(path: str, local_files_only: bool = False) -> int | None:
     """The model's parameters, counted on a shell without weights (its config only); None if it cannot be built."""
     try:
         from accelerate import init_empty_weights
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        cfg = AutoConfig.from_pretrained(path, trust_remote_code=False)
+        cfg = AutoConfig.from_pretrained(path, trust_remote_code=False, local_files_only=local_files_only)
         with init_empty_weights():
             shell = AutoModelForCausalLM.from_config(cfg, trust_remote_code=False)
         shell.tie_weights()  # a shell on the meta device is built untied: tied embeddings would count twice

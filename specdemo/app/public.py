@@ -12,6 +12,7 @@ import os
 
 import torch
 
+from specdemo import hub
 from specdemo.drafters import options as declared_options
 from specdemo.target import EMBEDDED, pick_device_dtype
 
@@ -62,7 +63,7 @@ def fetch_config(repo_id: str):
     """The model's config.json from the hub (a few kB; no weights)."""
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(repo_id, trust_remote_code=False)
+    return AutoConfig.from_pretrained(repo_id, trust_remote_code=False, local_files_only=hub.local_only())
 
 
 def check_model(name: str, config_of=fetch_config) -> None:
