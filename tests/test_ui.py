@@ -435,7 +435,9 @@ def test_bench_tab_formats_run_bench_results(monkeypatch, embedded):
     monkeypatch.setattr(handlers, "run_bench", fake_run_bench)
     table, bars, note, download = handlers.on_bench("embedded", "fp32", ["pld"], ["Code"], 16, progress=lambda *a, **k: None)
     assert list(table["method"]) == ["Autoregressive", "Prompt lookup"] and list(table["identical"]) == ["100%", "100%"]
+    assert list(table["speedup"]) == ["1.00×", "1.50×"] and list(table["τ"]) == ["1.00", "2.50"]
     assert "1.50×" in bars and "Speedup" in bars and "1 prompts" in note
     assert "Prefill: 20% of AR" in note and "decoding alone: Prompt lookup 2.00x" in note
+    assert tuple(table.columns) == handlers.BENCH_COLUMNS  # the headers the page shows before a run (layout.py)
     table, bars, note, download = handlers.on_bench("embedded", "fp32", [], ["Code"], 16, progress=lambda *a, **k: None)
-    assert "at least one method" in note and len(table) == 0
+    assert "at least one method" in note and len(table) == 0 and tuple(table.columns) == handlers.BENCH_COLUMNS

@@ -270,10 +270,19 @@ def _bench(model: str, *args, **kwargs) -> dict:
 bench_on_device = on_gpu(_bench, duration=300)  # decorated at import time, as ZeroGPU expects
 
 
+BENCH_COLUMNS = ("method", "tok/s", "speedup", "τ", "identical", "draft ms", "verify ms")
+
+
+def empty_bench_table() -> pd.DataFrame:
+    """The Benchmark tab's results before a run and after a failed one: its columns, no rows (a table without a value
+    shows the headers 1, 2, 3)."""
+    return pd.DataFrame(columns=list(BENCH_COLUMNS))
+
+
 def on_bench(model: str, precision: str, methods: list[str], prompt_labels: list[str], max_new_tokens: float,
              progress: gr.Progress = gr.Progress()):
     """Run specdemo.bench over the chosen example prompts: a table, a speedup chart and the JSON."""
-    empty = pd.DataFrame(columns=["method", "tok/s", "speedup", "τ", "identical", "draft ms", "verify ms"])
+    empty = empty_bench_table()
     try:
         model = with_precision(model, precision)
         if not methods:
@@ -294,8 +303,10 @@ def on_bench(model: str, precision: str, methods: list[str], prompt_labels: list
         msg = explain_error(exc)
         gr.Warning(msg)
         return empty, "", message_html(msg), gr.skip()
-    f = lambda v, nd=2: None if v is None else round(v, nd)  # noqa: E731
-    rows = [{"method": LABELS.get(m, m), "tok/s": f(r["tokens_per_s"]), "speedup": f(r["speedup"]), "τ": f(r["tau"]),
+    # as text with fixed decimals: the table shows a float 1.0 as "1" beside "1.67"
+    f = lambda v, nd=2, unit="": None if v is None else f"{v:.{nd}f}{unit}"  # noqa: E731
+    rows = [{"method": LABELS.get(m, m), "tok/s": f(r["tokens_per_s"]), "speedup": f(r["speedup"], unit="×"),
+             "τ": f(r["tau"]),
              "identical": None if r["identical"] is None else f"{100 * r['identical']:.0f}%",
              "draft ms": f(r["draft_ms"], 1), "verify ms": f(r["verify_ms"], 1)} for m, r in result["methods"].items()]
     bars = {LABELS.get(m, m): r["speedup"] or 0.0 for m, r in result["methods"].items()}

@@ -155,7 +155,7 @@ def _bench(ui: SimpleNamespace) -> None:
     ui.bench_btn = gr.Button("Run benchmark", variant="primary")
     ui.bench_note = gr.HTML(padding=False)
     with gr.Row():
-        ui.bench_table = gr.Dataframe(interactive=False, label="Results", scale=3)
+        ui.bench_table = gr.Dataframe(h.empty_bench_table(), interactive=False, label="Results", scale=3)
         ui.bench_plot = gr.HTML("", padding=False, scale=2)
     ui.bench_json = gr.DownloadButton("Download bench JSON", interactive=False)
 
