@@ -9,7 +9,6 @@ Where the hub answers, nothing changes: the first load of a minute pays one HEAD
 """
 from __future__ import annotations
 
-import os
 import time
 from functools import lru_cache
 
@@ -17,15 +16,12 @@ PROBE_TIMEOUT_S = 3.0  # a hub that has not answered by then is not one a page s
 PROBE_EVERY_S = 60  # a network that comes back is noticed within a minute
 
 
-def offline_set() -> bool:
-    """Whether HF_HUB_OFFLINE asks huggingface_hub to stay offline."""
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
-
-
 def local_only() -> bool:
-    """True when hub files should come from the local cache only: HF_HUB_OFFLINE is set, or the hub's endpoint did not
-    answer the last probe (made at most once a minute)."""
-    return offline_set() or not _answers(int(time.monotonic() // PROBE_EVERY_S))
+    """True when hub files should come from the local cache only: huggingface_hub is offline (HF_HUB_OFFLINE, as the
+    library itself read it), or the hub's endpoint did not answer the last probe (made at most once a minute)."""
+    from huggingface_hub import constants
+
+    return constants.HF_HUB_OFFLINE or not _answers(int(time.monotonic() // PROBE_EVERY_S))
 
 
 @lru_cache(maxsize=1)

@@ -12,12 +12,11 @@ from specdemo.target import ModelLoadError, embedded_dir, load_target
 
 @pytest.fixture
 def no_hub(monkeypatch):
-    """The hub's endpoint does not answer the probe, and nothing else says offline: neither HF_HUB_OFFLINE (which the
-    suite sets) nor huggingface_hub's setting read from it.  A request that `local_files_only` misses would go out and
-    be retried; the test fails if any is made."""
+    """The hub's endpoint does not answer the probe, and nothing else says offline: huggingface_hub's setting (from
+    HF_HUB_OFFLINE, which the suite sets) is off.  A request that `local_files_only` misses would go out and be
+    retried; the test fails if any is made."""
     from huggingface_hub import constants, file_download
 
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(hub, "_answers", lambda minute: False)
     requests = []
@@ -44,7 +43,9 @@ class Session:
 
 
 def test_the_hub_is_asked_once_a_minute_with_a_short_limit(monkeypatch):
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     clock = [600.0]
     monkeypatch.setattr(hub.time, "monotonic", lambda: clock[0])
     down = Session(answers=False)
@@ -63,11 +64,13 @@ def test_the_hub_is_asked_once_a_minute_with_a_short_limit(monkeypatch):
 
 
 def test_offline_set_needs_no_probe(monkeypatch):
+    from huggingface_hub import constants
+
     def probe(minute):
         raise AssertionError("the hub was asked although HF_HUB_OFFLINE is set")
 
     monkeypatch.setattr(hub, "_answers", probe)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     assert hub.local_only()
 
 
