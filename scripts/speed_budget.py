@@ -45,8 +45,8 @@ def budget(ar: Split, mode: Split, bar: float, bar_tau: float | None) -> dict:
            "decode_speedup_needed": (ar.wall - ar.prefill) / decode_left if decode_left > 0 else float("inf"),
            "step_cost": mode.step_s / ar.step_s,
            "tau_needed_at_step_cost": mode.tokens * mode.step_s / decode_left if decode_left > 0 else float("inf")}
-    if bar_tau is not None:
-        out["step_cost_allowed_at_bar_tau"] = decode_left * bar_tau / mode.tokens / ar.step_s
+    if bar_tau is not None:  # none at all (0) where the prefill alone exceeds the bar's time
+        out["step_cost_allowed_at_bar_tau"] = max(decode_left, 0.0) * bar_tau / mode.tokens / ar.step_s
     return out
 
 

@@ -40,6 +40,7 @@ def test_a_bar_becomes_a_decoding_speedup_a_tau_and_a_step_cost_by_amdahls_law()
     assert b["step_cost_allowed_at_bar_tau"] == pytest.approx(41.5 * 2.5 / 800 / 0.1)
     # a bar the prefill alone forbids: no decoding time left, so no τ is enough
     assert sb.budget(ar, mode, 5.0, None)["tau_needed_at_step_cost"] == float("inf")
+    assert sb.budget(ar, mode, 5.0, 2.5)["step_cost_allowed_at_bar_tau"] == 0.0  # not a negative step cost
 
 
 def test_the_script_reads_a_bench_json(tmp_path):
